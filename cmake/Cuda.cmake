@@ -1,0 +1,29 @@
+# CUDA kernels. Two uses:
+#  - ssd_cuda_check: compiles every .cu for sm_80 and sm_90 with nvcc alone
+#    (no torch headers), so CUDA code cannot rot on CPU-only machines. Not part
+#    of ALL; CI builds it whenever nvcc is present.
+#  - SSD_CUDA=on/auto with a CUDA torch: the kernels are linked into the core.
+include(CheckLanguage)
+check_language(CUDA)
+file(GLOB SSD_CUDA_SOURCES CONFIGURE_DEPENDS csrc/kernels/cuda/*.cu)
+
+set(SSD_WITH_CUDA OFF)
+if(CMAKE_CUDA_COMPILER)
+  enable_language(CUDA)
+  set(CMAKE_CUDA_STANDARD 17)
+  add_library(ssd_cuda_check OBJECT EXCLUDE_FROM_ALL ${SSD_CUDA_SOURCES})
+  set_target_properties(ssd_cuda_check PROPERTIES CUDA_ARCHITECTURES "80;90")
+  if(SSD_CUDA STREQUAL "on" OR (SSD_CUDA STREQUAL "auto" AND TORCH_CUDA_LIBRARIES))
+    set(SSD_WITH_CUDA ON)
+  endif()
+elseif(SSD_CUDA STREQUAL "on")
+  message(FATAL_ERROR "SSD_CUDA=on but no CUDA compiler (nvcc) was found")
+endif()
+
+if(SSD_WITH_CUDA)
+  add_library(ssd_cuda_kernels STATIC ${SSD_CUDA_SOURCES})
+  set_target_properties(ssd_cuda_kernels PROPERTIES CUDA_ARCHITECTURES "80;90")
+  target_link_libraries(ssd_core PUBLIC ssd_cuda_kernels)
+  target_compile_definitions(ssd_core PUBLIC SSD_WITH_CUDA)
+endif()
+message(STATUS "ssd: CUDA kernels in the core: ${SSD_WITH_CUDA}")

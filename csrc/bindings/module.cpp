@@ -1,0 +1,207 @@
+// The pybind11 module ssd._C: a thin layer over the C++ core. Configs cross
+// as dicts (the Python dataclasses mirror the C++ structs field by field);
+// std::invalid_argument surfaces as ValueError.
+#include <torch/extension.h>
+
+#include <pybind11/stl.h>
+
+#include "../kernels/cpu/sampling.h"
+#include "../model/model.h"
+#include "../model/runner.h"
+#include "ssd/engine.h"
+
+namespace py = pybind11;
+
+namespace ssd {
+namespace {
+
+template <typename T>
+void get(const py::dict& d, const char* key, T& out) {
+  if (d.contains(key) && !d[key].is_none()) out = d[key].cast<T>();
+}
+
+ModelConfig model_config_from(const py::dict& d) {
+  ModelConfig c;
+  c.architecture = parse_architecture(d["architecture"].cast<std::string>());
+  get(d, "vocab_size", c.vocab_size);
+  get(d, "hidden_size", c.hidden_size);
+  get(d, "intermediate_size", c.intermediate_size);
+  get(d, "num_layers", c.num_layers);
+  get(d, "num_heads", c.num_heads);
+  get(d, "num_kv_heads", c.num_kv_heads);
+  get(d, "head_dim", c.head_dim);
+  get(d, "rms_norm_eps", c.rms_norm_eps);
+  get(d, "rope_theta", c.rope_theta);
+  get(d, "tie_word_embeddings", c.tie_word_embeddings);
+  get(d, "max_position_embeddings", c.max_position_embeddings);
+  get(d, "attention_bias", c.attention_bias);
+  get(d, "mlp_bias", c.mlp_bias);
+  get(d, "qk_norm", c.qk_norm);
+  if (d.contains("rope_scaling") && !d["rope_scaling"].is_none()) {
+    py::dict rs = d["rope_scaling"].cast<py::dict>();
+    c.rope_scaling.enabled = true;
+    get(rs, "factor", c.rope_scaling.factor);
+    get(rs, "low_freq_factor", c.rope_scaling.low_freq_factor);
+    get(rs, "high_freq_factor", c.rope_scaling.high_freq_factor);
+    get(rs, "original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings);
+  }
+  c.validate();
+  return c;
+}
+
+EngineConfig engine_config_from(const py::dict& d) {
+  EngineConfig c;
+  get(d, "mode", c.mode);
+  get(d, "max_model_len", c.max_model_len);
+  get(d, "max_batch", c.max_batch);
+  get(d, "max_batched_tokens", c.max_batched_tokens);
+  get(d, "kv_block_size", c.kv_block_size);
+  get(d, "kv_capacity_tokens", c.kv_capacity_tokens);
+  get(d, "dtype", c.dtype);
+  get(d, "target_device", c.target_device);
+  get(d, "target_threads", c.target_threads);
+  get(d, "draft_device", c.draft_device);
+  get(d, "draft_threads", c.draft_threads);
+  get(d, "k", c.k);
+  c.validate();
+  return c;
+}
+
+SamplingParams sampling_params_from(const py::dict& d) {
+  SamplingParams p;
+  get(d, "temperature", p.temperature);
+  get(d, "top_k", p.top_k);
+  get(d, "top_p", p.top_p);
+  get(d, "max_tokens", p.max_tokens);
+  get(d, "stop_token_ids", p.stop_token_ids);
+  get(d, "ignore_eos", p.ignore_eos);
+  if (d.contains("seed") && !d["seed"].is_none()) {
+    p.has_seed = true;
+    p.seed = d["seed"].cast<uint64_t>();
+  }
+  return p;
+}
+
+py::dict metrics_dict(const RequestMetrics& m) {
+  py::dict d;
+  d["prompt_tokens"] = m.prompt_tokens;
+  d["generated_tokens"] = m.generated_tokens;
+  d["num_preemptions"] = m.num_preemptions;
+  d["time_to_first_token"] = m.time_to_first_token;
+  d["finish_time"] = m.finish_time;
+  d["seed"] = m.seed;
+  return d;
+}
+
+py::dict stats_dict(const EngineStats& s) {
+  py::dict d;
+  d["steps"] = s.steps;
+  d["forward_tokens"] = s.forward_tokens;
+  d["generated_tokens"] = s.generated_tokens;
+  d["peak_batch"] = s.peak_batch;
+  d["num_preemptions"] = s.num_preemptions;
+  d["num_finished"] = s.num_finished;
+  d["num_running"] = s.num_running;
+  d["num_waiting"] = s.num_waiting;
+  d["kv_blocks_total"] = s.kv_blocks_total;
+  d["kv_blocks_free"] = s.kv_blocks_free;
+  d["forward_seconds"] = s.forward_seconds;
+  return d;
+}
+
+model::WeightMap weight_map_from(const py::dict& d) {
+  model::WeightMap w;
+  for (auto item : d) w.emplace(item.first.cast<std::string>(), item.second.cast<at::Tensor>());
+  return w;
+}
+
+}  // namespace
+}  // namespace ssd
+
+PYBIND11_MODULE(_C, m) {
+  using namespace ssd;
+  m.doc() = "ssd C++ core";
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const std::invalid_argument& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+
+  m.def("validate_model_config", [](const py::dict& d) { model_config_from(d); });
+  m.def("validate_engine_config", [](const py::dict& d) { engine_config_from(d); });
+  m.def("validate_sampling_params",
+        [](const py::dict& d, int64_t vocab) { sampling_params_from(d).validate(vocab); },
+        py::arg("params"), py::arg("vocab_size") = 0);
+
+  py::class_<model::Model, std::shared_ptr<model::Model>>(m, "Model")
+      .def(py::init([](const py::dict& config, const py::dict& weights) {
+             return std::make_shared<model::Model>(model_config_from(config), weight_map_from(weights));
+           }),
+           py::arg("config"), py::arg("weights"))
+      .def_property_readonly("vocab_size", [](const model::Model& m) { return m.config().vocab_size; });
+
+  py::class_<model::SequenceRunner>(m, "SequenceRunner")
+      .def(py::init<std::shared_ptr<model::Model>, int64_t, int64_t, int64_t>(), py::arg("model"),
+           py::arg("num_blocks"), py::arg("block_size"), py::arg("num_threads") = 1)
+      .def("add_sequence", &model::SequenceRunner::add_sequence)
+      .def("extend", &model::SequenceRunner::extend, py::arg("batch"), py::arg("all_logits") = true,
+           py::call_guard<py::gil_scoped_release>())
+      .def("truncate", &model::SequenceRunner::truncate)
+      .def("free", &model::SequenceRunner::free)
+      .def("length", &model::SequenceRunner::length)
+      .def_property_readonly("num_free_blocks", &model::SequenceRunner::num_free_blocks);
+
+  py::class_<Engine>(m, "Engine")
+      .def(py::init([](const py::dict& config, std::shared_ptr<model::Model> target,
+                       std::vector<int32_t> eos) {
+             return std::make_unique<Engine>(engine_config_from(config), std::move(target), std::move(eos));
+           }),
+           py::arg("config"), py::arg("target"), py::arg("eos_token_ids"))
+      .def("enqueue",
+           [](Engine& e, std::vector<int32_t> prompt, const py::dict& params) {
+             return e.enqueue(Request{std::move(prompt), sampling_params_from(params)});
+           })
+      .def("await_responses",
+           [](Engine& e, double timeout) {
+             std::vector<Response> rs;
+             {
+               py::gil_scoped_release release;
+               rs = e.await_responses(timeout);
+             }
+             py::list out;
+             for (auto& r : rs) {
+               py::dict d;
+               d["id"] = r.id;
+               d["tokens"] = r.tokens;
+               d["finished"] = r.finished;
+               d["finish_reason"] = r.finished ? py::object(py::str(finish_reason_name(r.finish_reason)))
+                                               : py::object(py::none());
+               d["error"] = r.error;
+               if (r.finished) d["metrics"] = metrics_dict(r.metrics);
+               out.append(d);
+             }
+             return out;
+           },
+           py::arg("timeout") = 0.1)
+      .def("cancel", &Engine::cancel)
+      .def("shutdown", &Engine::shutdown, py::call_guard<py::gil_scoped_release>())
+      .def("stats", [](const Engine& e) { return stats_dict(e.stats()); });
+
+  m.def("process_logits",
+        [](const at::Tensor& logits, double temperature, int64_t top_k, double top_p) {
+          at::Tensor x = logits.to(at::kFloat).contiguous();
+          TORCH_CHECK(x.dim() == 1, "logits must be 1-D [vocab]");
+          at::Tensor probs = at::empty_like(x);
+          std::vector<int32_t> order;
+          kernels::process_logits(x.data_ptr<float>(), x.numel(), {temperature, top_k, top_p},
+                                  probs.data_ptr<float>(), order);
+          return probs;
+        },
+        py::arg("logits"), py::arg("temperature"), py::arg("top_k") = 0, py::arg("top_p") = 1.0,
+        "logits: [vocab] -> processed probabilities [vocab] (temperature, top-k, top-p).");
+  m.def("keyed_uniform", [](uint64_t seed, uint64_t position, uint64_t purpose) {
+    return kernels::keyed_uniform(seed, position, static_cast<kernels::RandomPurpose>(purpose));
+  });
+}

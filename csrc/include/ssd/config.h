@@ -1,0 +1,85 @@
+// Plain configuration structs for the ssd core. Every struct has a validate()
+// that throws std::invalid_argument naming the offending field; the Python
+// layer mirrors these structs and surfaces the errors as ValueError.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ssd {
+
+/// Architecture of a decoder-only model served by the core.
+enum class Architecture { kLlama, kQwen3 };
+
+/// Parses "LlamaForCausalLM" / "Qwen3ForCausalLM"; throws on anything else.
+Architecture parse_architecture(const std::string& name);
+
+/// `llama3` rope scaling parameters (HF `rope_scaling` with rope_type llama3).
+struct RopeScaling {
+  bool enabled = false;
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+/// Shape and numerics of a model; mirrors python/ssd/models/config.py.
+struct ModelConfig {
+  Architecture architecture = Architecture::kLlama;
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  bool tie_word_embeddings = false;
+  int64_t max_position_embeddings = 2048;
+  bool attention_bias = false;
+  bool mlp_bias = false;
+  bool qk_norm = false;
+
+  void validate() const;
+};
+
+/// Per-request sampling settings. Logits are processed in one order everywhere:
+/// temperature, then top-k, then top-p.
+struct SamplingParams {
+  double temperature = 1.0;  ///< 0 means greedy (argmax, ties to lowest id)
+  int64_t top_k = 0;         ///< 0 disables
+  double top_p = 1.0;        ///< 1 disables
+  int64_t max_tokens = 16;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  bool has_seed = false;
+  uint64_t seed = 0;
+
+  /// Throws std::invalid_argument naming the field; vocab_size bounds stop ids.
+  void validate(int64_t vocab_size) const;
+};
+
+/// The one engine configuration (mirrored by ssd.EngineConfig in Python).
+struct EngineConfig {
+  std::string mode = "ar";  ///< "ar" now; "sd" and "ssd" use the draft fields
+  int64_t max_model_len = 2048;
+  int64_t max_batch = 32;
+  int64_t max_batched_tokens = 2048;  ///< token budget of one forward (prefill chunking)
+  int64_t kv_block_size = 16;
+  int64_t kv_capacity_tokens = 0;     ///< 0: max_batch * max_model_len
+  std::string dtype = "float32";      ///< weight storage: "float32" or "bfloat16"
+  std::string target_device = "cpu";
+  int64_t target_threads = 1;
+  std::string draft_device = "cpu";
+  int64_t draft_threads = 1;
+  int64_t k = 4;                       ///< draft tokens per round (sd / ssd)
+
+  void validate() const;
+  /// Number of KV blocks after resolving kv_capacity_tokens.
+  int64_t num_kv_blocks() const;
+};
+
+}  // namespace ssd

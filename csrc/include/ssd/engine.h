@@ -1,0 +1,48 @@
+// The embeddable engine: enqueue requests, await streamed responses.
+//
+//   ssd::Engine engine(config, std::move(target_model));
+//   auto id = engine.enqueue({prompt_ids, params});
+//   while (...) for (auto& r : engine.await_responses(0.1)) { ... }
+//   engine.shutdown();
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "ssd/config.h"
+#include "ssd/types.h"
+
+namespace ssd {
+
+namespace model {
+class Model;
+}
+
+class Engine {
+ public:
+  /// Starts the engine thread. `eos_token_ids` end a request unless ignore_eos.
+  /// Throws std::invalid_argument for an invalid config.
+  Engine(const EngineConfig& config, std::shared_ptr<model::Model> target,
+         std::vector<int32_t> eos_token_ids);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  /// Validates and queues a request. Throws std::invalid_argument (naming the
+  /// problem) without queueing anything when the request is invalid.
+  RequestId enqueue(Request request);
+  /// Waits up to timeout_s seconds for responses; returns all that are ready.
+  std::vector<Response> await_responses(double timeout_s);
+  /// Ends a request with kCancelled; unknown or finished ids are ignored.
+  void cancel(RequestId id);
+  /// Stops the engine thread; pending requests finish with kCancelled.
+  void shutdown();
+  EngineStats stats() const;
+  const EngineConfig& config() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ssd

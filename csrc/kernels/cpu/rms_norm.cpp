@@ -1,0 +1,28 @@
+#include <cmath>
+
+#include "ops.h"
+#include "vec.h"
+
+namespace ssd::kernels {
+
+void rms_norm(const float* x, int64_t ldx, const float* weight, float* out, int64_t ldo,
+              int64_t rows, int64_t n, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * ldx;
+    float* o = out + r * ldo;
+    const float mean_sq = dot(xr, xr, n) / static_cast<float>(n);
+    const float inv = 1.0f / std::sqrt(mean_sq + eps);
+    for (int64_t i = 0; i < n; ++i) o[i] = weight[i] * (xr[i] * inv);
+  }
+}
+
+void silu_mul(const float* gu, float* out, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = gu + r * 2 * n;
+    const float* u = g + n;
+    float* o = out + r * n;
+    for (int64_t i = 0; i < n; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  }
+}
+
+}  // namespace ssd::kernels

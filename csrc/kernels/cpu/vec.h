@@ -1,0 +1,87 @@
+// 16-lane float helpers shared by the CPU kernels. Every reduction in the
+// kernels goes through these so that one output element always sees the same
+// sequence of operations: lane-wise fused multiply-adds in index order, then
+// the same horizontal sum. That is what makes results batch invariant.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define SSD_AVX512 1
+#endif
+
+namespace ssd::kernels {
+
+constexpr int64_t kLanes = 16;
+
+inline float bf16_to_float(uint16_t v) {
+  uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+#if SSD_AVX512
+using Vec = __m512;
+
+inline Vec vzero() { return _mm512_setzero_ps(); }
+inline __mmask16 tail_mask(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
+inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline Vec vload(const uint16_t* p) {
+  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline Vec vload_tail(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(tail_mask(n), p); }
+inline Vec vload_tail(const uint16_t* p, int64_t n) {
+  __m256i h = _mm256_maskz_loadu_epi16(tail_mask(n), p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline float vsum(Vec a) { return _mm512_reduce_add_ps(a); }
+#else
+struct Vec {
+  float v[kLanes];
+};
+inline Vec vzero() { return Vec{}; }
+template <typename T>
+inline float lane_value(const T* p, int64_t i) {
+  if constexpr (sizeof(T) == 2) return bf16_to_float(p[i]);
+  else return p[i];
+}
+template <typename T>
+inline Vec vload(const T* p) {
+  Vec r;
+  for (int64_t i = 0; i < kLanes; ++i) r.v[i] = lane_value(p, i);
+  return r;
+}
+template <typename T>
+inline Vec vload_tail(const T* p, int64_t n) {
+  Vec r{};
+  for (int64_t i = 0; i < n; ++i) r.v[i] = lane_value(p, i);
+  return r;
+}
+inline Vec vfma(Vec a, Vec b, Vec c) {
+  for (int64_t i = 0; i < kLanes; ++i) c.v[i] = __builtin_fmaf(a.v[i], b.v[i], c.v[i]);
+  return c;
+}
+inline float vsum(Vec a) {
+  // Pairwise tree in a fixed order.
+  for (int64_t w = kLanes / 2; w > 0; w /= 2)
+    for (int64_t i = 0; i < w; ++i) a.v[i] = a.v[i] + a.v[i + w];
+  return a.v[0];
+}
+#endif
+
+/// Dot product of two length-n vectors with the canonical reduction order.
+template <typename A, typename B>
+inline float dot(const A* a, const B* b, int64_t n) {
+  Vec acc = vzero();
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) acc = vfma(vload(a + i), vload(b + i), acc);
+  if (i < n) acc = vfma(vload_tail(a + i, n - i), vload_tail(b + i, n - i), acc);
+  return vsum(acc);
+}
+
+}  // namespace ssd::kernels

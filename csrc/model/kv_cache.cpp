@@ -1,0 +1,50 @@
+#include "kv_cache.h"
+
+#include <ATen/ops/zeros.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace ssd::model {
+
+KvCache::KvCache(const ModelConfig& config, int64_t num_blocks, int64_t block_size)
+    : num_blocks_(num_blocks),
+      block_size_(block_size),
+      num_kv_heads_(config.num_kv_heads),
+      head_dim_(config.head_dim) {
+  if (num_blocks <= 0 || block_size <= 0)
+    throw std::invalid_argument("KV cache needs num_blocks > 0 and block_size > 0, got " +
+                                std::to_string(num_blocks) + " and " + std::to_string(block_size));
+  storage_ = at::zeros({config.num_layers, 2, num_blocks, block_size, num_kv_heads_, head_dim_},
+                       at::kFloat);
+  free_.reserve(static_cast<size_t>(num_blocks));
+  // Low block ids are handed out first.
+  for (int64_t b = num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
+}
+
+bool KvCache::reserve(BlockTable& table, int64_t num_tokens) {
+  const int64_t need = blocks_for(num_tokens) - static_cast<int64_t>(table.blocks.size());
+  if (need <= 0) return true;
+  if (need > num_free_blocks()) return false;
+  for (int64_t i = 0; i < need; ++i) {
+    table.blocks.push_back(free_.back());
+    free_.pop_back();
+  }
+  return true;
+}
+
+void KvCache::truncate(BlockTable& table, int64_t keep_tokens) {
+  const auto keep = static_cast<size_t>(blocks_for(keep_tokens));
+  while (table.blocks.size() > keep) {
+    free_.push_back(table.blocks.back());
+    table.blocks.pop_back();
+  }
+}
+
+kernels::PagedKv KvCache::layer(int64_t index) {
+  const int64_t per_kind = num_blocks_ * block_size_ * num_kv_heads_ * head_dim_;
+  float* base = storage_.data_ptr<float>() + index * 2 * per_kind;
+  return kernels::PagedKv{base, base + per_kind, block_size_, num_kv_heads_, head_dim_};
+}
+
+}  // namespace ssd::model

@@ -1,0 +1,49 @@
+// Paged KV cache: fixed-size blocks handed out from a free list; a sequence
+// owns a block table that maps its positions to cache slots.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "../kernels/cpu/ops.h"
+#include "ssd/config.h"
+
+namespace ssd::model {
+
+/// Blocks of one sequence, in position order.
+struct BlockTable {
+  std::vector<int32_t> blocks;
+};
+
+class KvCache {
+ public:
+  /// Allocates num_blocks blocks of block_size slots for every layer (fp32).
+  KvCache(const ModelConfig& config, int64_t num_blocks, int64_t block_size);
+
+  int64_t block_size() const { return block_size_; }
+  int64_t num_blocks() const { return num_blocks_; }
+  int64_t num_free_blocks() const { return static_cast<int64_t>(free_.size()); }
+  /// Blocks needed to hold num_tokens positions.
+  int64_t blocks_for(int64_t num_tokens) const { return (num_tokens + block_size_ - 1) / block_size_; }
+
+  /// Grows `table` to cover num_tokens positions. Returns false and changes
+  /// nothing when the free list is too short.
+  bool reserve(BlockTable& table, int64_t num_tokens);
+  /// Keeps the blocks covering the first keep_tokens positions, frees the rest.
+  void truncate(BlockTable& table, int64_t keep_tokens);
+
+  /// Layer view for the kernels.
+  kernels::PagedKv layer(int64_t index);
+
+ private:
+  int64_t num_blocks_;
+  int64_t block_size_;
+  int64_t num_kv_heads_;
+  int64_t head_dim_;
+  at::Tensor storage_;  // [layers, 2, num_blocks, block_size, kv_heads, head_dim]
+  std::vector<int32_t> free_;
+};
+
+}  // namespace ssd::model

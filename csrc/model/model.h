@@ -1,0 +1,68 @@
+// Llama-3 / Qwen3 decoder forward over a paged KV cache. One entry point
+// serves prefill (many tokens per sequence), decode (one token) and scoring of
+// several new tokens on top of a cached prefix: every token is written to its
+// cache slot and attends causally to its own sequence.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "../kernels/cpu/thread_pool.h"
+#include "kv_cache.h"
+#include "ssd/config.h"
+
+namespace ssd::model {
+
+/// Tokens of several sequences flattened into one batch.
+struct ForwardInput {
+  std::vector<int32_t> tokens;        ///< [T]
+  std::vector<int32_t> positions;     ///< [T] position of each token in its sequence
+  std::vector<int32_t> seq_of_token;  ///< [T] index into block_tables
+  std::vector<int32_t> block_tables;  ///< [num_seqs, max_blocks], row-major
+  int64_t max_blocks = 0;
+  std::vector<int32_t> logit_rows;    ///< rows of the batch whose logits are wanted
+};
+
+using WeightMap = std::unordered_map<std::string, at::Tensor>;
+
+class Model {
+ public:
+  /// Weights use HuggingFace names; float32 or bfloat16 matrices on the CPU.
+  /// Throws std::invalid_argument naming a missing or mis-shaped tensor.
+  Model(const ModelConfig& config, const WeightMap& weights);
+
+  const ModelConfig& config() const { return config_; }
+  bool bf16() const { return bf16_; }
+
+  /// Runs the batch, writing K/V into `cache`; returns logits [rows, vocab] fp32
+  /// for input.logit_rows.
+  at::Tensor forward(const ForwardInput& input, KvCache& cache, kernels::ThreadPool& pool) const;
+
+ private:
+  struct Layer {
+    at::Tensor attn_norm, qkv, qkv_bias, q_norm, k_norm, o, o_bias;
+    at::Tensor mlp_norm, gate_up, gate_up_bias, down, down_bias;
+  };
+
+  void linear(const float* x, int64_t ldx, const at::Tensor& w, const at::Tensor& bias, float* y,
+              int64_t ldy, int64_t m, kernels::ThreadPool& pool) const;
+  void embed(const std::vector<int32_t>& tokens, float* out) const;
+  void attention_block(const Layer& layer, int64_t index, const ForwardInput& input,
+                       KvCache& cache, float* x, kernels::ThreadPool& pool) const;
+  void mlp_block(const Layer& layer, int64_t tokens, float* x, kernels::ThreadPool& pool) const;
+
+  ModelConfig config_;
+  bool bf16_ = false;
+  at::Tensor embed_, final_norm_, lm_head_;
+  std::vector<Layer> layers_;
+  std::vector<float> inv_freq_;
+};
+
+/// Rotary inverse frequencies [head_dim / 2], with llama3 scaling applied.
+std::vector<float> rope_inv_freq(const ModelConfig& config);
+
+}  // namespace ssd::model

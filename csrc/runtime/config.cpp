@@ -1,0 +1,98 @@
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "ssd/config.h"
+#include "ssd/types.h"
+
+namespace ssd {
+
+namespace {
+
+[[noreturn]] void bad(const std::string& field, const std::string& why) {
+  throw std::invalid_argument(field + ": " + why);
+}
+
+void positive(const std::string& field, int64_t v) {
+  if (v <= 0) bad(field, "must be > 0, got " + std::to_string(v));
+}
+
+}  // namespace
+
+Architecture parse_architecture(const std::string& name) {
+  if (name == "LlamaForCausalLM") return Architecture::kLlama;
+  if (name == "Qwen3ForCausalLM") return Architecture::kQwen3;
+  throw std::invalid_argument("unsupported architecture '" + name +
+                              "' (supported: LlamaForCausalLM, Qwen3ForCausalLM)");
+}
+
+void ModelConfig::validate() const {
+  positive("vocab_size", vocab_size);
+  positive("hidden_size", hidden_size);
+  positive("intermediate_size", intermediate_size);
+  positive("num_layers", num_layers);
+  positive("num_heads", num_heads);
+  positive("num_kv_heads", num_kv_heads);
+  positive("head_dim", head_dim);
+  if (num_heads % num_kv_heads != 0)
+    bad("num_kv_heads", "must divide num_heads (" + std::to_string(num_heads) + "), got " +
+                            std::to_string(num_kv_heads));
+  if (head_dim % 2 != 0) bad("head_dim", "must be even for rotary embeddings");
+  if (!(rms_norm_eps > 0)) bad("rms_norm_eps", "must be > 0");
+  if (!(rope_theta > 0)) bad("rope_theta", "must be > 0");
+  if (rope_scaling.enabled && !(rope_scaling.factor > 0 &&
+                                rope_scaling.high_freq_factor > rope_scaling.low_freq_factor))
+    bad("rope_scaling", "llama3 scaling needs factor > 0 and high_freq_factor > low_freq_factor");
+}
+
+void SamplingParams::validate(int64_t vocab_size) const {
+  if (!std::isfinite(temperature) || temperature < 0)
+    bad("temperature", "must be a finite number >= 0, got " + std::to_string(temperature));
+  if (top_k < 0) bad("top_k", "must be >= 0 (0 disables it), got " + std::to_string(top_k));
+  if (!(top_p > 0 && top_p <= 1)) bad("top_p", "must be in (0, 1], got " + std::to_string(top_p));
+  positive("max_tokens", max_tokens);
+  for (int32_t id : stop_token_ids)
+    if (id < 0 || (vocab_size > 0 && id >= vocab_size))
+      bad("stop_token_ids", "token id " + std::to_string(id) + " is outside the vocabulary (size " +
+                                std::to_string(vocab_size) + ")");
+}
+
+void EngineConfig::validate() const {
+  if (mode != "ar" && mode != "sd" && mode != "ssd")
+    bad("mode", "must be 'ar', 'sd' or 'ssd', got '" + mode + "'");
+  positive("max_model_len", max_model_len);
+  positive("max_batch", max_batch);
+  positive("max_batched_tokens", max_batched_tokens);
+  positive("kv_block_size", kv_block_size);
+  if (kv_capacity_tokens < 0) bad("kv_capacity_tokens", "must be >= 0 (0 means automatic)");
+  if (kv_capacity_tokens > 0 && kv_capacity_tokens < max_model_len)
+    bad("kv_capacity_tokens", "must hold at least one sequence of max_model_len (" +
+                                  std::to_string(max_model_len) + ") tokens, got " +
+                                  std::to_string(kv_capacity_tokens));
+  if (dtype != "float32" && dtype != "bfloat16")
+    bad("dtype", "must be 'float32' or 'bfloat16', got '" + dtype + "'");
+  if (target_device != "cpu")
+    bad("target_device", "only 'cpu' is available in this build, got '" + target_device + "'");
+  if (draft_device != "cpu")
+    bad("draft_device", "only 'cpu' is available in this build, got '" + draft_device + "'");
+  positive("target_threads", target_threads);
+  positive("draft_threads", draft_threads);
+  positive("k", k);
+}
+
+int64_t EngineConfig::num_kv_blocks() const {
+  const int64_t tokens = kv_capacity_tokens > 0 ? kv_capacity_tokens : max_batch * max_model_len;
+  return (tokens + kv_block_size - 1) / kv_block_size;
+}
+
+const char* finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kCancelled: return "cancelled";
+    case FinishReason::kError: return "error";
+    default: return "none";
+  }
+}
+
+}  // namespace ssd

@@ -1,0 +1,97 @@
+#include "scheduler.h"
+
+#include <algorithm>
+
+namespace ssd::runtime {
+
+void Scheduler::remove(Sequence* seq) {
+  auto drop = [seq](std::deque<Sequence*>& q) {
+    q.erase(std::remove(q.begin(), q.end(), seq), q.end());
+  };
+  drop(running_);
+  drop(waiting_);
+  cache_.truncate(seq->table, 0);
+  seq->num_computed = 0;
+}
+
+void Scheduler::preempt(Sequence* seq) {
+  running_.erase(std::remove(running_.begin(), running_.end(), seq), running_.end());
+  cache_.truncate(seq->table, 0);
+  seq->num_computed = 0;
+  seq->metrics.num_preemptions += 1;
+  num_preemptions_ += 1;
+  waiting_.push_front(seq);
+}
+
+int64_t Scheduler::room(const Sequence* seq) const {
+  const int64_t blocks = static_cast<int64_t>(seq->table.blocks.size()) + cache_.num_free_blocks();
+  return blocks * cache_.block_size() - seq->num_computed;
+}
+
+ScheduleResult Scheduler::schedule() {
+  ScheduleResult result;
+  int64_t budget = config_.max_batched_tokens;
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    Sequence* seq = running_[i];
+    int64_t n = std::min(seq->len() - seq->num_computed, budget);
+    while (room(seq) < n && running_.back() != seq) preempt(running_.back());
+    n = std::min(n, room(seq));
+    if (n <= 0) {
+      if (i == 0) {
+        // Alone and still no room: the cache cannot hold this sequence at all.
+        result.failure = "the KV cache (" +
+                         std::to_string(cache_.num_blocks() * cache_.block_size()) +
+                         " tokens) cannot hold this request's " + std::to_string(seq->len()) +
+                         " tokens";
+        remove(seq);
+        result.failed.push_back(seq);
+        continue;
+      }
+      preempt(seq);  // it is the newest one left
+      break;
+    }
+    cache_.reserve(seq->table, seq->num_computed + n);
+    result.chunks.push_back({seq, n, seq->num_computed + n == seq->len()});
+    budget -= n;
+    ++i;
+  }
+  while (!waiting_.empty() && budget > 0 &&
+         static_cast<int64_t>(running_.size()) < config_.max_batch) {
+    Sequence* seq = waiting_.front();
+    const int64_t n = std::min(seq->len(), budget);
+    if (!cache_.reserve(seq->table, n)) break;
+    waiting_.pop_front();
+    running_.push_back(seq);
+    result.chunks.push_back({seq, n, n == seq->len()});
+    budget -= n;
+  }
+  return result;
+}
+
+model::ForwardInput Scheduler::build_input(const std::vector<ScheduledChunk>& chunks) const {
+  model::ForwardInput in;
+  for (const auto& c : chunks)
+    in.max_blocks = std::max<int64_t>(in.max_blocks, static_cast<int64_t>(c.seq->table.blocks.size()));
+  in.block_tables.assign(chunks.size() * static_cast<size_t>(in.max_blocks), 0);
+  for (size_t s = 0; s < chunks.size(); ++s) {
+    const Sequence* seq = chunks[s].seq;
+    std::copy(seq->table.blocks.begin(), seq->table.blocks.end(),
+              in.block_tables.begin() + static_cast<int64_t>(s) * in.max_blocks);
+    for (int64_t j = 0; j < chunks[s].num_tokens; ++j) {
+      const int64_t pos = seq->num_computed + j;
+      in.tokens.push_back(seq->tokens[pos]);
+      in.positions.push_back(static_cast<int32_t>(pos));
+      in.seq_of_token.push_back(static_cast<int32_t>(s));
+    }
+    if (chunks[s].wants_logits) in.logit_rows.push_back(static_cast<int32_t>(in.tokens.size() - 1));
+  }
+  return in;
+}
+
+std::vector<Sequence*> Scheduler::all() const {
+  std::vector<Sequence*> out(running_.begin(), running_.end());
+  out.insert(out.end(), waiting_.begin(), waiting_.end());
+  return out;
+}
+
+}  // namespace ssd::runtime

@@ -1,0 +1,80 @@
+// Continuous batching over a paged KV cache: every step takes the running
+// sequences (oldest first) and then admits waiting ones while the token budget,
+// the batch limit and the free blocks allow. When a running sequence cannot get
+// a block, the newest running sequence is preempted: its blocks are freed and
+// it goes back to the front of the queue, to be recomputed later.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "../model/kv_cache.h"
+#include "../model/model.h"
+#include "ssd/config.h"
+#include "ssd/types.h"
+
+namespace ssd::runtime {
+
+using Clock = std::chrono::steady_clock;
+
+struct Sequence {
+  RequestId id = 0;
+  SamplingParams params;
+  uint64_t seed = 0;
+  std::vector<int32_t> tokens;  ///< prompt followed by generated tokens
+  int64_t prompt_len = 0;
+  int64_t num_computed = 0;     ///< tokens whose KV is in the cache
+  model::BlockTable table;
+  RequestMetrics metrics;
+  Clock::time_point enqueued;
+
+  int64_t len() const { return static_cast<int64_t>(tokens.size()); }
+  int64_t generated() const { return len() - prompt_len; }
+};
+
+/// One scheduled chunk: tokens [seq->num_computed, +num_tokens) of a sequence.
+struct ScheduledChunk {
+  Sequence* seq = nullptr;
+  int64_t num_tokens = 0;
+  bool wants_logits = false;  ///< the chunk reaches the sequence's last token
+};
+
+struct ScheduleResult {
+  std::vector<ScheduledChunk> chunks;
+  std::vector<Sequence*> failed;  ///< sequences that can never fit; already removed
+  std::string failure;
+};
+
+class Scheduler {
+ public:
+  Scheduler(const EngineConfig& config, model::KvCache& cache) : config_(config), cache_(cache) {}
+
+  void add(Sequence* seq) { waiting_.push_back(seq); }
+  /// Removes a sequence from the queues and frees its blocks.
+  void remove(Sequence* seq);
+  ScheduleResult schedule();
+  /// Builds the model input for a schedule.
+  model::ForwardInput build_input(const std::vector<ScheduledChunk>& chunks) const;
+
+  bool idle() const { return running_.empty() && waiting_.empty(); }
+  int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
+  int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  int64_t num_preemptions() const { return num_preemptions_; }
+  std::vector<Sequence*> all() const;
+
+ private:
+  void preempt(Sequence* seq);
+  /// Tokens the sequence could compute with its blocks plus every free block.
+  int64_t room(const Sequence* seq) const;
+
+  const EngineConfig& config_;
+  model::KvCache& cache_;
+  std::deque<Sequence*> running_;
+  std::deque<Sequence*> waiting_;
+  int64_t num_preemptions_ = 0;
+};
+
+}  // namespace ssd::runtime

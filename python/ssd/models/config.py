@@ -1,0 +1,44 @@
+"""Model configuration shared by every loader (HF directories, GGUF files).
+
+The fields mirror ``ssd::model::ModelConfig`` in ``csrc/include/ssd/config.h``;
+the C++ core validates them again when a model is built.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen3ForCausalLM")
+
+
+@dataclass
+class RopeScaling:
+    """``llama3`` rope scaling (the only kind supported besides none)."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass
+class ModelConfig:
+    architecture: str  # "LlamaForCausalLM" or "Qwen3ForCausalLM"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 2048
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False  # Qwen3: per-head RMSNorm on q and k before rope
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)

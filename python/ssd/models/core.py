@@ -1,0 +1,27 @@
+"""Bridge from a loaded checkpoint to the C++ core model."""
+from __future__ import annotations
+
+import torch
+
+
+def build_core_model(config, weights: dict[str, torch.Tensor]):
+    """Builds the C++ ``ssd._C.Model`` from a ModelConfig and HF-named weights.
+
+    Raises ValueError naming a missing or mis-shaped tensor.
+    """
+    from ssd import _C
+
+    return _C.Model(config.to_dict(), weights)
+
+
+def sequence_logits(core_model, token_ids: list[int], block_size: int = 16, num_threads: int = 1) -> torch.Tensor:
+    """Scores a whole sequence through the paged path: returns [len, vocab] fp32."""
+    from ssd import _C
+
+    ids = [int(t) for t in token_ids]
+    if not ids:
+        raise ValueError("token_ids: must contain at least one token")
+    num_blocks = (len(ids) + block_size - 1) // block_size
+    runner = _C.SequenceRunner(core_model, num_blocks, block_size, num_threads)
+    seq = runner.add_sequence()
+    return runner.extend([(seq, ids)], True)
