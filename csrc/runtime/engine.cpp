@@ -100,6 +100,7 @@ class Engine::Impl {
       wake_.notify_all();
     }
     if (thread_.joinable()) thread_.join();
+    pool_.reset();  // no thread outlives shutdown
   }
 
   EngineStats stats() const {
@@ -155,7 +156,7 @@ class Engine::Impl {
     const auto t0 = Clock::now();
     at::Tensor logits;
     try {
-      logits = model_->forward(input, *cache_, pool_);
+      logits = model_->forward(input, *cache_, *pool_);
     } catch (const std::exception& e) {
       for (const auto& c : plan.chunks)
         finish(c.seq, FinishReason::kError, std::string("forward failed: ") + e.what(), responses);
@@ -257,7 +258,7 @@ class Engine::Impl {
   std::vector<int32_t> eos_;
   std::unique_ptr<model::KvCache> cache_;
   std::unique_ptr<runtime::Scheduler> scheduler_;
-  kernels::ThreadPool pool_{config_.target_threads};
+  std::unique_ptr<kernels::ThreadPool> pool_ = std::make_unique<kernels::ThreadPool>(config_.target_threads);
   std::random_device seed_source_;
   std::map<RequestId, std::unique_ptr<Sequence>> live_;  // engine thread only
   std::vector<float> probs_;

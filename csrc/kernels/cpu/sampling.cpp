@@ -39,8 +39,8 @@ void process_logits(const float* logits, int64_t vocab, const LogitsParams& para
     return;
   }
   // probs doubles as the scaled logits until the final softmax.
-  const float inv_t = static_cast<float>(1.0 / params.temperature);
-  for (int64_t i = 0; i < vocab; ++i) probs[i] = logits[i] * inv_t;
+  const auto t = static_cast<float>(params.temperature);
+  for (int64_t i = 0; i < vocab; ++i) probs[i] = logits[i] / t;
   const float* z = probs;
 
   order.resize(static_cast<size_t>(vocab));
