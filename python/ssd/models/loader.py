@@ -1,0 +1,72 @@
+"""``load(path)``: one entry point for HF directories and GGUF files."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from .errors import ModelLoadError
+from .loaded import LoadedModel
+from .weights import SUPPORTED_DTYPES
+
+_DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32,
+                "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+def load(path: str | os.PathLike, device: str | torch.device = "cpu",
+         dtype: torch.dtype | str = torch.float32) -> LoadedModel:
+    """Load a model from a HuggingFace directory or a GGUF file.
+
+    Args:
+        path: a directory with ``config.json`` + safetensors, or a ``.gguf`` file.
+        device: where the weights go (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...).
+        dtype: ``torch.float32`` or ``torch.bfloat16`` (names accepted too);
+            every weight, norms included, is converted to it.
+
+    Returns: a ``LoadedModel``.
+
+    Raises:
+        ModelLoadError: for any problem with the path, its files or the arguments.
+    """
+    model_path = Path(path).expanduser()
+    dtype = _check_dtype(dtype, model_path)
+    device = _check_device(device, model_path)
+    if not model_path.exists():
+        raise ModelLoadError(f"model path does not exist: {model_path}")
+    if model_path.is_dir():
+        from .hf import load_hf_dir
+
+        return load_hf_dir(model_path, device, dtype)
+    from .gguf_loader import is_gguf_file, load_gguf
+
+    if is_gguf_file(model_path):
+        return load_gguf(model_path, device, dtype)
+    raise ModelLoadError(
+        f"{model_path} is neither a model directory (with config.json) nor a GGUF file"
+    )
+
+
+def _check_dtype(dtype: torch.dtype | str, path: Path) -> torch.dtype:
+    """``dtype`` as a supported ``torch.dtype``."""
+    resolved = _DTYPE_NAMES.get(dtype, dtype) if isinstance(dtype, str) else dtype
+    if resolved not in SUPPORTED_DTYPES:
+        raise ModelLoadError(
+            f"cannot load {path} as {dtype}: supported dtypes are torch.float32 and torch.bfloat16"
+        )
+    return resolved
+
+
+def _check_device(device: str | torch.device, path: Path) -> torch.device:
+    """``device`` as a ``torch.device`` that exists on this machine."""
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ModelLoadError(f"cannot load {path} onto device {device!r}: {exc}") from exc
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ModelLoadError(f"cannot load {path} onto {resolved}: CUDA is not available")
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise ModelLoadError(f"cannot load {path} onto {resolved}: "
+                                 f"only {torch.cuda.device_count()} CUDA device(s)")
+    return resolved

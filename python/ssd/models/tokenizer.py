@@ -1,0 +1,236 @@
+"""A small tokenizer wrapper: encode, decode and chat templates.
+
+It wraps a ``tokenizers.Tokenizer`` (built from ``tokenizer.json`` or from a
+GGUF file's metadata) and renders chat templates with a sandboxed jinja2
+environment that offers the same helpers as HuggingFace's ``apply_chat_template``
+(``raise_exception``, ``strftime_now``, a non-escaping ``tojson``, and the
+``bos_token`` / ``eos_token`` variables).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+import jinja2.parser
+import jinja2.sandbox
+import tokenizers
+
+from .errors import ChatTemplateError, ModelLoadError
+
+# Stand-in for an assistant reply when probing a chat template for the token
+# it writes after each turn; plain ASCII so that no template filter alters it.
+_TURN_END_PROBE = "ssdturnendprobe"
+
+
+class Tokenizer:
+    """Text <-> token ids for one model.
+
+    Args:
+        backend: the ``tokenizers.Tokenizer`` doing the work.
+        bos_token: text of the beginning-of-sequence token, if the model has one.
+        eos_token: text of the end-of-sequence token, if the model has one.
+        chat_template: jinja2 chat template, if the model has one.
+        source: path the tokenizer came from (used in error messages).
+    """
+
+    def __init__(
+        self,
+        backend: tokenizers.Tokenizer,
+        *,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+        chat_template: str | None = None,
+        source: str = "",
+    ) -> None:
+        self.backend = backend
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.chat_template = chat_template
+        self.source = source
+        self._compiled: tuple[str, jinja2.Template] | None = None
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(vocab_size={self.vocab_size}, source={self.source!r})"
+
+    # ------------------------------------------------------------------ ids
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids, added tokens included."""
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def bos_token_id(self) -> int | None:
+        """Id of ``bos_token``, or None."""
+        return self.token_to_id(self.bos_token)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """Id of ``eos_token``, or None."""
+        return self.token_to_id(self.eos_token)
+
+    @property
+    def special_token_ids(self) -> list[int]:
+        """Sorted ids of the special (control) tokens, e.g. ``<|im_end|>``."""
+        added = self.backend.get_added_tokens_decoder()
+        return sorted(i for i, token in added.items() if token.special)
+
+    def token_to_id(self, token: str | None) -> int | None:
+        """Id of a token's text, or None when the token is None or unknown."""
+        if token is None:
+            return None
+        return self.backend.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """Text of a token id, or None when out of range."""
+        return self.backend.id_to_token(int(token_id))
+
+    # ------------------------------------------------------- encode/decode
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of ``text``.
+
+        Special tokens written in the text (e.g. ``<|im_start|>``) map to their
+        ids. ``add_special_tokens=True`` also applies the tokenizer's
+        post-processor (e.g. a leading BOS for models that want one).
+
+        Returns: list of ``len == num_tokens`` ints.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"encode() expects a str, got {type(text).__name__}")
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
+        """Text of token ids (a list, or a 1-D tensor/array of ``[num_tokens]``)."""
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()
+        return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    # ------------------------------------------------------- chat template
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        **template_vars: Any,
+    ) -> str:
+        """Render a conversation with the model's chat template.
+
+        Args:
+            messages: ``[{"role": "user", "content": "..."}, ...]``.
+            add_generation_prompt: end with the header of an assistant turn.
+            template_vars: extra template variables (e.g. ``tools=[...]``);
+                ``tools`` and ``documents`` default to None, as in HuggingFace.
+
+        Returns: the prompt text; encode it with ``encode(text)`` (the template
+        already writes any special tokens it wants).
+        """
+        template = self._compiled_template()
+        variables = {"tools": None, "documents": None, **self._special_token_vars()}
+        variables.update(template_vars)
+        try:
+            return template.render(
+                messages=list(messages), add_generation_prompt=add_generation_prompt, **variables
+            )
+        except Exception as exc:  # raise_exception(), bad messages, template bugs
+            raise ChatTemplateError(f"chat template of {self.source} failed: {exc}") from exc
+
+    def chat_turn_end_token(self) -> str | None:
+        """The special token the chat template writes right after an assistant reply.
+
+        E.g. ``<|im_end|>`` for ChatML templates, ``<|eot_id|>`` for Llama 3.
+        Found by rendering ``[user, assistant]`` with a probe reply and
+        reading the longest special token that follows it (after whitespace).
+        None when there is no template, rendering fails, or no special token
+        follows the reply.
+        """
+        if self.chat_template is None:
+            return None
+        messages = [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": _TURN_END_PROBE},
+        ]
+        try:
+            text = self.apply_chat_template(messages, add_generation_prompt=False)
+        except ChatTemplateError:  # a template may reject the probe; then there is no answer
+            return None
+        _, found, after = text.partition(_TURN_END_PROBE)
+        if not found:
+            return None
+        return self._leading_special_token(after.lstrip())
+
+    # ------------------------------------------------------------- helpers
+
+    def _leading_special_token(self, text: str) -> str | None:
+        """Longest special token that ``text`` starts with, or None."""
+        added = self.backend.get_added_tokens_decoder().values()
+        matches = [t.content for t in added if t.special and text.startswith(t.content)]
+        return max(matches, key=len, default=None)
+
+    def _special_token_vars(self) -> dict[str, str]:
+        """``bos_token`` / ``eos_token`` template variables (only those set)."""
+        pairs = {"bos_token": self.bos_token, "eos_token": self.eos_token}
+        return {name: value for name, value in pairs.items() if value is not None}
+
+    def _compiled_template(self) -> jinja2.Template:
+        """The chat template, compiled on first use (again if it was replaced)."""
+        if self.chat_template is None:
+            raise ModelLoadError(f"{self.source} has no chat template")
+        if self._compiled is None or self._compiled[0] != self.chat_template:
+            compiled = _compile_chat_template(self.chat_template, self.source)
+            self._compiled = (self.chat_template, compiled)
+        return self._compiled[1]
+
+
+def _compile_chat_template(template: str, source: str) -> jinja2.Template:
+    """Compile ``template`` in a sandboxed environment shaped like HuggingFace's."""
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True,
+        extensions=[jinja2.ext.loopcontrols, _GenerationBlock],
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    try:
+        return env.from_string(template)
+    except jinja2.TemplateError as exc:
+        raise ChatTemplateError(f"chat template of {source} does not compile: {exc}") from exc
+
+
+class _GenerationBlock(jinja2.ext.Extension):
+    """``{% generation %}...{% endgeneration %}``: HF's marker around assistant text.
+
+    HuggingFace uses it to build assistant masks; here it renders its body unchanged.
+    """
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+    def _render(self, caller: Any) -> str:
+        return caller()
+
+
+def _raise_exception(message: str) -> None:
+    """Template helper: abort rendering with ``message``."""
+    raise jinja2.TemplateError(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    """Template helper: the current local time formatted with ``fmt``."""
+    return datetime.datetime.now().strftime(fmt)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    """Template filter: JSON without jinja2's HTML escaping (as HF templates expect)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
+                      separators=separators, sort_keys=sort_keys)
