@@ -1,0 +1,171 @@
+"""The AR engine: continuous batching, preemption, stop conditions, cancel, errors."""
+import os
+import random
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from ssd import LLM, EngineConfig, SamplingParams
+from tests.reference.tiny_models import TinySpec, build_tiny_model
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    spec = TinySpec(vocab_size=512, num_kv_heads=2, seed=1)
+    path, _ = build_tiny_model(spec, tmp_path_factory.mktemp("engine"))
+    return path
+
+
+def greedy(max_tokens, **kw):
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **kw)
+
+
+def test_preemption_keeps_outputs_exact(model_dir):
+    rng = random.Random(0)
+    prompts = [[rng.randrange(512) for _ in range(rng.randrange(4, 60))] for _ in range(64)]
+    lengths = [rng.randrange(8, 48) for _ in prompts]
+    params = [greedy(n) for n in lengths]
+    with LLM(model_dir, max_model_len=128, max_batch=32, kv_block_size=8, kv_capacity_tokens=768) as small:
+        batched = small.generate(prompts, params)
+        stats = small.stats()
+    with LLM(model_dir, max_model_len=128, max_batch=1) as solo:
+        single = [solo.generate([p], q)[0] for p, q in zip(prompts, params)]
+    assert stats["peak_batch"] >= 8
+    assert stats["num_preemptions"] >= 1
+    assert any(o.metrics["num_preemptions"] > 0 for o in batched)
+    for b, s, n in zip(batched, single, lengths):
+        assert b.finish_reason == "length" and len(b.token_ids) == n
+        assert b.token_ids == s.token_ids
+
+
+def test_stop_conditions(model_dir):
+    with LLM(model_dir, max_model_len=64) as llm:
+        base = llm.generate([[1, 2, 3]], greedy(20))[0].token_ids
+        stop_tok = base[5]
+        first = base.index(stop_tok)
+        out = llm.generate([[1, 2, 3]], greedy(20, stop_token_ids=[stop_tok]))[0]
+        assert out.finish_reason == "stop" and out.token_ids == base[: first + 1]
+        # eos ends a request unless ignore_eos
+        eos_llm_ids = llm.model.eos_token_ids
+        out = llm.generate([[1, 2, 3]], greedy(20))[0]
+        if any(t in eos_llm_ids for t in base):
+            assert out.finish_reason == "stop"
+        # max_model_len caps the length
+        out = llm.generate([list(range(60))], greedy(50))[0]
+        assert out.finish_reason == "length" and len(out.token_ids) == 4
+
+
+def test_cancel_and_isolation(model_dir):
+    with LLM(model_dir, max_model_len=256) as llm:
+        want = llm.generate([[7, 8, 9]], greedy(100))[0].token_ids
+        engine = llm._engine
+        a = engine.enqueue([5, 6], greedy(200).core_dict())
+        b = engine.enqueue([7, 8, 9], greedy(100).core_dict())
+        got = {a: [], b: []}
+        done = {}
+        cancelled = False
+        deadline = time.time() + 60
+        while len(done) < 2 and time.time() < deadline:
+            for r in engine.await_responses(0.05):
+                got[r["id"]] += r["tokens"]
+                if r["finished"]:
+                    done[r["id"]] = r["finish_reason"]
+            if not cancelled and len(got[a]) >= 3:
+                engine.cancel(a)
+                cancelled = True
+        assert done[a] == "cancelled" and 3 <= len(got[a]) < 200
+        assert done[b] == "length" and got[b] == want
+
+
+def test_stream_matches_generate(model_dir):
+    with LLM(model_dir, max_model_len=64) as llm:
+        want = llm.generate([[3, 1, 4, 1, 5]], greedy(12))[0].token_ids
+        chunks = list(llm.stream([3, 1, 4, 1, 5], greedy(12)))
+        assert [t for c in chunks for t in c.token_ids] == want
+        assert chunks[-1].finish_reason == "length"
+        # Closing a stream early cancels its request.
+        it = llm.stream([3, 1, 4], greedy(40))
+        next(it)
+        it.close()
+        assert llm.generate([[3, 1, 4, 1, 5]], greedy(12))[0].token_ids == want
+
+
+def test_shutdown_cancels_pending_and_stops_threads(model_dir):
+    before = len(os.listdir("/proc/self/task"))
+    llm = LLM(model_dir, max_model_len=256, target_threads=2)
+    assert len(os.listdir("/proc/self/task")) > before
+    ids = [llm._engine.enqueue([1, 2, 3], greedy(200).core_dict()) for _ in range(4)]
+    llm.shutdown()
+    reasons = {}
+    for r in llm._engine.await_responses(1.0):
+        if r["finished"]:
+            reasons[r["id"]] = r["finish_reason"]
+    assert set(reasons) == set(ids)
+    assert set(reasons.values()) <= {"cancelled", "length"} and "cancelled" in reasons.values()
+    assert len(os.listdir("/proc/self/task")) == before
+
+
+def test_bad_request_values_raise_before_queueing(model_dir):
+    with LLM(model_dir, max_model_len=32) as llm:
+        ok = greedy(4)
+        with pytest.raises(ValueError, match="prompt 1: 40 tokens do not fit max_model_len 32"):
+            llm.generate([[1, 2], list(range(40))], ok)
+        with pytest.raises(ValueError, match="prompt 0: token id 512 is outside"):
+            llm.generate([[512]], ok)
+        with pytest.raises(ValueError, match="prompt 2: is empty"):
+            llm.generate([[1], [2], []], ok)
+        with pytest.raises(ValueError, match="params: got 1 SamplingParams for 2 prompts"):
+            llm.generate([[1], [2]], [ok])
+        assert llm.stats()["num_finished"] == 0 and llm.stats()["steps"] == 0
+        # Nothing was queued, and the engine still serves.
+        assert len(llm.generate([[1, 2]], ok)[0].token_ids) == 4
+
+
+@pytest.mark.parametrize("field,value", [
+    ("temperature", -0.5), ("temperature", float("nan")), ("top_k", -3), ("top_p", 0.0),
+    ("top_p", 1.5), ("max_tokens", 0), ("seed", -1), ("stop", [""]), ("stop_token_ids", [-1]),
+])
+def test_invalid_sampling_values(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})
+
+
+@pytest.mark.parametrize("field,value", [
+    ("mode", "fast"), ("max_model_len", 0), ("max_batch", -1), ("kv_block_size", 0),
+    ("kv_capacity_tokens", 10), ("dtype", "float16"), ("target_device", "tpu"), ("target_threads", 0),
+    ("k", 0),
+])
+def test_invalid_engine_config(field, value):
+    with pytest.raises(ValueError, match=field):
+        EngineConfig(**{field: value})
+
+
+def test_runtime_failure_ends_only_that_request(model_dir, tmp_path):
+    # A checkpoint with one NaN embedding row: any sequence containing that
+    # token produces NaN logits. Rows never mix, so its batch-mates are unaffected.
+    prompts = [[1, 2, 3], [4, 5]]
+    with LLM(model_dir, max_model_len=64) as good_llm:
+        want = good_llm.generate(prompts, greedy(10))
+    used = {t for o in want for t in o.token_ids} | {t for p in prompts for t in p}
+    poison = next(t for t in range(6, 512) if t not in used)
+    bad = tmp_path / "nan_row"
+    bad.mkdir()
+    for f in model_dir.iterdir():
+        if f.name != "model.safetensors":
+            (bad / f.name).write_bytes(f.read_bytes())
+    weights = load_file(model_dir / "model.safetensors")
+    weights["model.embed_tokens.weight"][poison] = float("nan")
+    save_file(weights, bad / "model.safetensors", metadata={"format": "pt"})
+    with LLM(bad, max_model_len=64) as llm:
+        outs = llm.generate([prompts[0], [4, poison, 6], prompts[1]], greedy(10))
+    assert outs[1].finish_reason == "error" and "NaN" in outs[1].error
+    assert outs[0].token_ids == want[0].token_ids and outs[2].token_ids == want[1].token_ids
+
+
+def test_import_is_light():
+    code = "import sys, ssd; ssd.SamplingParams; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
