@@ -194,9 +194,9 @@ PYBIND11_MODULE(_C, m) {
           at::Tensor x = logits.to(at::kFloat).contiguous();
           TORCH_CHECK(x.dim() == 1, "logits must be 1-D [vocab]");
           at::Tensor probs = at::empty_like(x);
-          std::vector<int32_t> order;
+          kernels::LogitsScratch scratch;
           kernels::process_logits(x.data_ptr<float>(), x.numel(), {temperature, top_k, top_p},
-                                  probs.data_ptr<float>(), order);
+                                  probs.data_ptr<float>(), scratch);
           return probs;
         },
         py::arg("logits"), py::arg("temperature"), py::arg("top_k") = 0, py::arg("top_p") = 1.0,

@@ -196,7 +196,7 @@ class Engine::Impl {
     const auto& p = seq.params;
     if (p.temperature == 0.0) return kernels::argmax(logits, vocab);
     probs_.resize(static_cast<size_t>(vocab));
-    kernels::process_logits(logits, vocab, {p.temperature, p.top_k, p.top_p}, probs_.data(), order_);
+    kernels::process_logits(logits, vocab, {p.temperature, p.top_k, p.top_p}, probs_.data(), logits_scratch_);
     const double u = kernels::keyed_uniform(seq.seed, static_cast<uint64_t>(seq.len()),
                                             kernels::RandomPurpose::kSample);
     return kernels::sample_from_probs(probs_.data(), vocab, u);
@@ -262,7 +262,7 @@ class Engine::Impl {
   std::random_device seed_source_;
   std::map<RequestId, std::unique_ptr<Sequence>> live_;  // engine thread only
   std::vector<float> probs_;
-  std::vector<int32_t> order_;
+  kernels::LogitsScratch logits_scratch_;
 
   mutable std::mutex mu_;
   std::condition_variable wake_, ready_;

@@ -18,7 +18,7 @@ struct Ranked {
 bool ranks_above(const Ranked& a, const Ranked& b) { return a.z > b.z || (a.z == b.z && a.id < b.id); }
 
 struct Scratch {
-  std::vector<int32_t> order;  // process_logits
+  LogitsScratch logits;
   std::vector<Ranked> heap;
   std::vector<int32_t> top;    // the downweighted ids, ascending
 };
@@ -76,7 +76,7 @@ void sample_row(const SaguaroSampleParams& p, int64_t r, Scratch& scratch) {
   const float* logits = p.logits + r * p.vocab;
   float* probs = p.probs + r * p.vocab;
   const LogitsParams lp{p.temperature[r], p.top_k[r], p.top_p[r]};
-  process_logits(logits, p.vocab, lp, probs, scratch.order);
+  process_logits(logits, p.vocab, lp, probs, scratch.logits);
   // A one-hot row is its own sigma: its single token is either downweighted
   // alone (renormalised back) or not at all.
   if (lp.temperature > 0.0 && p.fanout[r] > 0 && p.downweight[r] < 1.0) {

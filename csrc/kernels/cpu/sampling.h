@@ -17,12 +17,17 @@ struct LogitsParams {
 /// Index of the largest value; ties go to the lowest index.
 int32_t argmax(const float* x, int64_t n);
 
+/// Buffers process_logits reuses between calls (one per thread of work).
+struct LogitsScratch {
+  std::vector<int32_t> order;
+  std::vector<double> weights;
+};
+
 /// probs[V] = the processed distribution of logits[V]: temperature, then
 /// top-k, then top-p. Candidates are ranked by (value desc, token id asc), so
 /// ties at a cut keep the lowest ids. Temperature 0 gives a one-hot row.
-/// `order` is scratch space reused between calls.
 void process_logits(const float* logits, int64_t vocab, const LogitsParams& params, float* probs,
-                    std::vector<int32_t>& order);
+                    LogitsScratch& scratch);
 
 /// Inverse-CDF draw over probs[V] in token-id order with u in [0, 1).
 int32_t sample_from_probs(const float* probs, int64_t vocab, double u);

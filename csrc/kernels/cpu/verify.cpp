@@ -17,7 +17,7 @@ struct Outcome {
 struct Scratch {
   std::vector<float> probs;
   std::vector<float> residual;
-  std::vector<int32_t> order;
+  LogitsScratch logits;
 };
 
 // Draws from norm(max(p - q, 0)); q_row == nullptr means the point mass on x.
@@ -49,14 +49,14 @@ Outcome verify_sampled_row(const VerifyParams& P, int64_t b, int64_t n, Scratch&
   const LogitsParams lp{P.temperature[b], P.top_k[b], P.top_p[b]};
   float* p = s.probs.data();
   for (int64_t i = 0; i < n; ++i) {
-    process_logits(logits + i * vocab, vocab, lp, p, s.order);
+    process_logits(logits + i * vocab, vocab, lp, p, s.logits);
     const int64_t x = P.proposals[b * P.k + i];
     const float* q_row = P.one_hot[b] ? nullptr : P.q_probs + (b * P.k + i) * vocab;
     const double q_x = q_row != nullptr ? q_row[x] : 1.0;
     if (!(P.accept_uniforms[b * P.k + i] * q_x < static_cast<double>(p[x])))
       return {i, residual_draw(p, q_row, x, vocab, P.bonus_uniforms[b], s.residual.data())};
   }
-  process_logits(logits + n * vocab, vocab, lp, p, s.order);
+  process_logits(logits + n * vocab, vocab, lp, p, s.logits);
   return {n, sample_from_probs(p, vocab, P.bonus_uniforms[b])};
 }
 
