@@ -1,0 +1,243 @@
+// ssd_generate: loads a HuggingFace model directory and generates on token
+// ids with the same Engine the Python LLM drives; no Python in the process.
+//
+//   ssd_generate MODEL_DIR [options] -- 1 2 3 , 4 5
+//
+// stdout: one line per prompt, the generated token ids. stderr: one line per
+// prompt with its finish reason. Exit status: 0 ok, 1 the model could not be
+// loaded or a request failed, 2 bad arguments.
+#include <algorithm>
+#include <charconv>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "../model/checkpoint.h"
+#include "../model/model.h"
+#include "ssd/engine.h"
+
+namespace {
+
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+
+constexpr const char* kUsage =
+    "usage: ssd_generate MODEL_DIR [options] -- TOKEN_ID... [, TOKEN_ID...]...\n"
+    "\n"
+    "Generates for each prompt (token ids; prompts are separated by ',') and prints\n"
+    "the generated ids, one line per prompt; finish reasons go to stderr.\n"
+    "\n"
+    "options:\n"
+    "  --mode ar              decoding mode (only 'ar' runs in this build)\n"
+    "  --max-tokens N         tokens to generate per prompt (default 16)\n"
+    "  --temperature T        0 is greedy (default 1.0)\n"
+    "  --top-k K              0 or -1 disables (default 0)\n"
+    "  --top-p P              1 disables (default 1.0)\n"
+    "  --seed S               seed of every prompt's random stream (default: random)\n"
+    "  --threads N            CPU threads of the forward (default 1)\n"
+    "  --max-model-len N      prompt + generated tokens (default min(2048, model's max))\n"
+    "  --dtype float32|bfloat16  weight storage (default float32)\n"
+    "  --ignore-eos           do not stop at the model's eos tokens\n"
+    "  -h, --help             show this help\n";
+
+struct UsageError : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+struct Options {
+  std::string model_dir;
+  ssd::EngineConfig engine;
+  std::optional<int64_t> max_model_len;
+  ssd::SamplingParams sampling;
+  std::vector<std::vector<int32_t>> prompts;
+};
+
+template <typename T>
+T parse_number(const std::string& flag, std::string_view text) {
+  T value{};
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || text.empty())
+    throw UsageError(flag + ": expected " + (std::is_integral_v<T> ? "an integer" : "a number") +
+                     ", got '" + std::string(text) + "'");
+  return value;
+}
+
+std::vector<std::vector<int32_t>> parse_prompts(int argc, char** argv, int first) {
+  std::vector<std::vector<int32_t>> prompts(1);
+  for (int i = first; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == ",") {
+      prompts.emplace_back();
+    } else {
+      prompts.back().push_back(parse_number<int32_t>("token id", arg));
+    }
+  }
+  for (size_t i = 0; i < prompts.size(); ++i)
+    if (prompts[i].empty())
+      throw UsageError("prompt " + std::to_string(i) + " is empty (give token ids after '--', prompts separated by ',')");
+  return prompts;
+}
+
+void apply_option(Options& o, const std::string& flag, const std::string& value) {
+  auto& s = o.sampling;
+  if (flag == "--mode") {
+    o.engine.mode = value;
+  } else if (flag == "--max-tokens") {
+    s.max_tokens = parse_number<int64_t>(flag, value);
+  } else if (flag == "--temperature") {
+    s.temperature = parse_number<double>(flag, value);
+  } else if (flag == "--top-k") {
+    s.top_k = parse_number<int64_t>(flag, value);
+    if (s.top_k == -1) s.top_k = 0;  // -1 disables, as in Python's SamplingParams
+  } else if (flag == "--top-p") {
+    s.top_p = parse_number<double>(flag, value);
+  } else if (flag == "--seed") {
+    s.seed = parse_number<uint64_t>(flag, value);
+    s.has_seed = true;
+  } else if (flag == "--threads") {
+    o.engine.target_threads = parse_number<int64_t>(flag, value);
+  } else if (flag == "--max-model-len") {
+    o.max_model_len = parse_number<int64_t>(flag, value);
+  } else if (flag == "--dtype") {
+    o.engine.dtype = value;
+  } else {
+    throw UsageError("unknown option '" + flag + "'");
+  }
+}
+
+// Parses the command line; returns nullopt for --help.
+std::optional<Options> parse_args(int argc, char** argv) {
+  Options o;
+  bool have_prompts = false;
+  for (int i = 1; i < argc && !have_prompts; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") {
+      o.prompts = parse_prompts(argc, argv, i + 1);
+      have_prompts = true;
+    } else if (arg == "-h" || arg == "--help") {
+      return std::nullopt;
+    } else if (arg == "--ignore-eos") {
+      o.sampling.ignore_eos = true;
+    } else if (arg.empty() || arg[0] != '-') {
+      if (!o.model_dir.empty()) throw UsageError("unexpected argument '" + arg + "' (token ids go after '--')");
+      o.model_dir = arg;
+    } else if (const auto eq = arg.find('='); eq != std::string::npos) {  // --flag=VALUE
+      apply_option(o, arg.substr(0, eq), arg.substr(eq + 1));
+    } else if (i + 1 < argc) {  // --flag VALUE
+      apply_option(o, arg, argv[++i]);
+    } else {
+      throw UsageError(arg + ": missing value");
+    }
+  }
+  if (o.model_dir.empty()) throw UsageError("missing MODEL_DIR");
+  if (!have_prompts) throw UsageError("missing prompt token ids (after '--')");
+  if (o.max_model_len) o.engine.max_model_len = *o.max_model_len;
+  // Size the batch (and with it the KV cache) to the prompts given.
+  o.engine.max_batch = std::min<int64_t>(o.engine.max_batch, static_cast<int64_t>(o.prompts.size()));
+  try {
+    o.engine.validate();
+    o.sampling.validate(0);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  return o;
+}
+
+struct Result {
+  std::vector<int32_t> tokens;
+  ssd::FinishReason reason = ssd::FinishReason::kNone;
+  std::string error;
+};
+
+// Enqueues every prompt, then collects responses until all have finished.
+std::vector<Result> generate(ssd::Engine& engine, const Options& o) {
+  std::map<ssd::RequestId, size_t> index_of;
+  for (size_t i = 0; i < o.prompts.size(); ++i) {
+    try {
+      index_of[engine.enqueue({o.prompts[i], o.sampling})] = i;
+    } catch (const std::invalid_argument& e) {
+      throw UsageError("prompt " + std::to_string(i) + ": " + e.what());
+    }
+  }
+  std::vector<Result> results(o.prompts.size());
+  size_t remaining = results.size();
+  while (remaining > 0) {
+    for (const ssd::Response& r : engine.await_responses(0.1)) {
+      Result& out = results[index_of.at(r.id)];
+      out.tokens.insert(out.tokens.end(), r.tokens.begin(), r.tokens.end());
+      if (!r.finished) continue;
+      out.reason = r.finish_reason;
+      out.error = r.error;
+      --remaining;
+    }
+  }
+  return results;
+}
+
+int run(const Options& o) {
+  const at::ScalarType dtype = o.engine.dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
+  std::shared_ptr<ssd::model::Model> model;
+  std::vector<int32_t> eos;
+  try {
+    ssd::model::Checkpoint ckpt = ssd::model::load_checkpoint(o.model_dir, dtype);
+    model = std::make_shared<ssd::model::Model>(ckpt.config, ckpt.weights);
+    eos = std::move(ckpt.eos_token_ids);
+  } catch (const std::exception& e) {
+    std::cerr << "ssd_generate: cannot load model: " << e.what() << "\n";
+    return kExitFailure;
+  }
+
+  ssd::EngineConfig config = o.engine;
+  const int64_t max_pos = model->config().max_position_embeddings;
+  if (!o.max_model_len) config.max_model_len = std::min(config.max_model_len, max_pos);
+  if (config.max_model_len > max_pos)
+    throw UsageError("max_model_len: " + std::to_string(config.max_model_len) +
+                     " exceeds the model's max_position_embeddings (" + std::to_string(max_pos) + ")");
+  std::unique_ptr<ssd::Engine> engine;
+  try {
+    engine = std::make_unique<ssd::Engine>(config, model, eos);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  const std::vector<Result> results = generate(*engine, o);
+  engine->shutdown();
+
+  int status = 0;
+  for (size_t i = 0; i < results.size(); ++i) {
+    std::string line;
+    for (int32_t t : results[i].tokens) line += (line.empty() ? "" : " ") + std::to_string(t);
+    std::cout << line << "\n";
+    std::cerr << "prompt " << i << ": finish_reason=" << ssd::finish_reason_name(results[i].reason)
+              << " tokens=" << results[i].tokens.size();
+    if (!results[i].error.empty()) std::cerr << " error=" << results[i].error;
+    std::cerr << "\n";
+    if (results[i].reason == ssd::FinishReason::kError) status = kExitFailure;
+  }
+  std::cout.flush();
+  return status;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const std::optional<Options> options = parse_args(argc, argv);
+    if (!options) {
+      std::cout << kUsage;
+      return 0;
+    }
+    return run(*options);
+  } catch (const UsageError& e) {
+    std::cerr << "ssd_generate: " << e.what() << "\n\n" << kUsage;
+    return kExitUsage;
+  } catch (const std::exception& e) {
+    std::cerr << "ssd_generate: " << e.what() << "\n";
+    return kExitFailure;
+  }
+}
