@@ -90,6 +90,9 @@ py::dict metrics_dict(const RequestMetrics& m) {
   d["time_to_first_token"] = m.time_to_first_token;
   d["finish_time"] = m.finish_time;
   d["seed"] = m.seed;
+  d["rounds"] = m.rounds;
+  d["draft_tokens_proposed"] = m.draft_tokens_proposed;
+  d["draft_tokens_accepted"] = m.draft_tokens_accepted;
   return d;
 }
 
@@ -105,6 +108,9 @@ py::dict stats_dict(const EngineStats& s) {
   d["num_waiting"] = s.num_waiting;
   d["kv_blocks_total"] = s.kv_blocks_total;
   d["kv_blocks_free"] = s.kv_blocks_free;
+  d["rounds"] = s.rounds;
+  d["draft_tokens_proposed"] = s.draft_tokens_proposed;
+  d["draft_tokens_accepted"] = s.draft_tokens_accepted;
   d["forward_seconds"] = s.forward_seconds;
   return d;
 }
@@ -155,10 +161,11 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<Engine>(m, "Engine")
       .def(py::init([](const py::dict& config, std::shared_ptr<model::Model> target,
-                       std::vector<int32_t> eos) {
-             return std::make_unique<Engine>(engine_config_from(config), std::move(target), std::move(eos));
+                       std::vector<int32_t> eos, std::shared_ptr<model::Model> draft) {
+             return std::make_unique<Engine>(engine_config_from(config), std::move(target),
+                                             std::move(eos), std::move(draft));
            }),
-           py::arg("config"), py::arg("target"), py::arg("eos_token_ids"))
+           py::arg("config"), py::arg("target"), py::arg("eos_token_ids"), py::arg("draft") = nullptr)
       .def("enqueue",
            [](Engine& e, std::vector<int32_t> prompt, const py::dict& params) {
              return e.enqueue(Request{std::move(prompt), sampling_params_from(params)});

@@ -10,14 +10,19 @@ void Scheduler::remove(Sequence* seq) {
   };
   drop(running_);
   drop(waiting_);
+  release(seq);
+}
+
+void Scheduler::release(Sequence* seq) {
   cache_.truncate(seq->table, 0);
   seq->num_computed = 0;
+  if (draft_cache_ != nullptr) draft_cache_->truncate(seq->draft_table, 0);
+  seq->draft_computed = 0;
 }
 
 void Scheduler::preempt(Sequence* seq) {
   running_.erase(std::remove(running_.begin(), running_.end(), seq), running_.end());
-  cache_.truncate(seq->table, 0);
-  seq->num_computed = 0;
+  release(seq);
   seq->metrics.num_preemptions += 1;
   num_preemptions_ += 1;
   waiting_.push_front(seq);
@@ -33,10 +38,13 @@ ScheduleResult Scheduler::schedule() {
   int64_t budget = config_.max_batched_tokens;
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence* seq = running_[i];
-    int64_t n = std::min(seq->len() - seq->num_computed, budget);
-    while (room(seq) < n && running_.back() != seq) preempt(running_.back());
-    n = std::min(n, room(seq));
-    if (n <= 0) {
+    const bool spec = decoding(seq);
+    int64_t n = spec ? 1 : std::min(prefill_target(seq) - seq->num_computed, budget);
+    // A speculative step wants room for its draft tokens, but can run without.
+    const int64_t want = n + (spec ? std::min(lookahead_, config_.max_model_len - seq->len()) : 0);
+    while (room(seq) < want && running_.back() != seq) preempt(running_.back());
+    if (!spec) n = std::min(n, room(seq));
+    if (n <= 0 || room(seq) < n) {
       if (i == 0) {
         // Alone and still no room: the cache cannot hold this sequence at all.
         result.failure = "the KV cache (" +
@@ -50,25 +58,28 @@ ScheduleResult Scheduler::schedule() {
       preempt(seq);  // it is the newest one left
       break;
     }
-    cache_.reserve(seq->table, seq->num_computed + n);
-    result.chunks.push_back({seq, n, seq->num_computed + n == seq->len()});
+    const int64_t reserved = std::min(want, room(seq));
+    cache_.reserve(seq->table, seq->num_computed + reserved);
+    result.chunks.push_back(
+        {seq, n, spec || seq->num_computed + n == seq->len(), spec, spec ? reserved - n : 0});
     budget -= n;
     ++i;
   }
   while (!waiting_.empty() && budget > 0 &&
          static_cast<int64_t>(running_.size()) < config_.max_batch) {
     Sequence* seq = waiting_.front();
-    const int64_t n = std::min(seq->len(), budget);
+    const int64_t n = std::min(prefill_target(seq), budget);
     if (!cache_.reserve(seq->table, n)) break;
     waiting_.pop_front();
     running_.push_back(seq);
-    result.chunks.push_back({seq, n, n == seq->len()});
+    if (n > 0) result.chunks.push_back({seq, n, n == seq->len(), false, 0});
     budget -= n;
   }
   return result;
 }
 
-model::ForwardInput Scheduler::build_input(const std::vector<ScheduledChunk>& chunks) const {
+model::ForwardInput Scheduler::build_input(const std::vector<ScheduledChunk>& chunks,
+                                           const std::vector<std::vector<int32_t>>& extra) const {
   model::ForwardInput in;
   for (const auto& c : chunks)
     in.max_blocks = std::max<int64_t>(in.max_blocks, static_cast<int64_t>(c.seq->table.blocks.size()));
@@ -77,13 +88,17 @@ model::ForwardInput Scheduler::build_input(const std::vector<ScheduledChunk>& ch
     const Sequence* seq = chunks[s].seq;
     std::copy(seq->table.blocks.begin(), seq->table.blocks.end(),
               in.block_tables.begin() + static_cast<int64_t>(s) * in.max_blocks);
-    for (int64_t j = 0; j < chunks[s].num_tokens; ++j) {
-      const int64_t pos = seq->num_computed + j;
-      in.tokens.push_back(seq->tokens[pos]);
-      in.positions.push_back(static_cast<int32_t>(pos));
+    std::vector<int32_t> tokens(seq->tokens.begin() + seq->num_computed,
+                                seq->tokens.begin() + seq->num_computed + chunks[s].num_tokens);
+    if (s < extra.size()) tokens.insert(tokens.end(), extra[s].begin(), extra[s].end());
+    const int64_t first_logit = chunks[s].speculative ? 0 : static_cast<int64_t>(tokens.size()) - 1;
+    for (size_t j = 0; j < tokens.size(); ++j) {
+      in.tokens.push_back(tokens[j]);
+      in.positions.push_back(static_cast<int32_t>(seq->num_computed + static_cast<int64_t>(j)));
       in.seq_of_token.push_back(static_cast<int32_t>(s));
+      if (chunks[s].wants_logits && static_cast<int64_t>(j) >= first_logit)
+        in.logit_rows.push_back(static_cast<int32_t>(in.tokens.size() - 1));
     }
-    if (chunks[s].wants_logits) in.logit_rows.push_back(static_cast<int32_t>(in.tokens.size() - 1));
   }
   return in;
 }

@@ -28,6 +28,8 @@ struct Sequence {
   int64_t prompt_len = 0;
   int64_t num_computed = 0;     ///< tokens whose KV is in the cache
   model::BlockTable table;
+  model::BlockTable draft_table;  ///< speculative modes: the draft model's KV
+  int64_t draft_computed = 0;
   RequestMetrics metrics;
   Clock::time_point enqueued;
 
@@ -36,10 +38,15 @@ struct Sequence {
 };
 
 /// One scheduled chunk: tokens [seq->num_computed, +num_tokens) of a sequence.
+/// A speculative chunk is a decode step of a speculative mode: its one token
+/// (the last) is verified together with up to `lookahead` draft tokens, for
+/// which the chunk's sequence has cache room reserved.
 struct ScheduledChunk {
   Sequence* seq = nullptr;
   int64_t num_tokens = 0;
   bool wants_logits = false;  ///< the chunk reaches the sequence's last token
+  bool speculative = false;
+  int64_t draft_tokens = 0;  ///< speculative: proposals this step has room for
 };
 
 struct ScheduleResult {
@@ -50,14 +57,22 @@ struct ScheduleResult {
 
 class Scheduler {
  public:
-  Scheduler(const EngineConfig& config, model::KvCache& cache) : config_(config), cache_(cache) {}
+  /// lookahead > 0 (speculative modes): prefill stops one token short of the
+  /// end, and decode steps reserve room for lookahead extra tokens. A draft
+  /// cache, when given, is released together with the target's.
+  Scheduler(const EngineConfig& config, model::KvCache& cache, int64_t lookahead = 0,
+            model::KvCache* draft_cache = nullptr)
+      : config_(config), cache_(cache), lookahead_(lookahead), draft_cache_(draft_cache) {}
 
   void add(Sequence* seq) { waiting_.push_back(seq); }
   /// Removes a sequence from the queues and frees its blocks.
   void remove(Sequence* seq);
   ScheduleResult schedule();
-  /// Builds the model input for a schedule.
-  model::ForwardInput build_input(const std::vector<ScheduledChunk>& chunks) const;
+  /// Builds the model input for a schedule. extra[i] (speculative chunks):
+  /// draft tokens placed after chunk i's token; such a chunk wants logits for
+  /// its token and each draft token.
+  model::ForwardInput build_input(const std::vector<ScheduledChunk>& chunks,
+                                  const std::vector<std::vector<int32_t>>& extra = {}) const;
 
   bool idle() const { return running_.empty() && waiting_.empty(); }
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
@@ -67,11 +82,22 @@ class Scheduler {
 
  private:
   void preempt(Sequence* seq);
+  void release(Sequence* seq);
+  /// Tokens prefill must compute before decode steps take over.
+  int64_t prefill_target(const Sequence* seq) const {
+    return lookahead_ > 0 ? seq->len() - 1 : seq->len();
+  }
+  /// A sequence in a speculative mode whose prefill is done.
+  bool decoding(const Sequence* seq) const {
+    return lookahead_ > 0 && seq->num_computed >= seq->len() - 1;
+  }
   /// Tokens the sequence could compute with its blocks plus every free block.
   int64_t room(const Sequence* seq) const;
 
   const EngineConfig& config_;
   model::KvCache& cache_;
+  int64_t lookahead_;
+  model::KvCache* draft_cache_;
   std::deque<Sequence*> running_;
   std::deque<Sequence*> waiting_;
   int64_t num_preemptions_ = 0;

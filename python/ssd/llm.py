@@ -86,6 +86,10 @@ def _find_stop(text: str, stops: list[str], start: int) -> int | None:
 class LLM:
     """Generation over a target model (HF directory or GGUF file).
 
+    mode "ar": autoregressive; mode "sd": speculative decoding with `draft`
+    (a smaller model sharing the target's vocabulary) proposing `k` tokens per
+    round, verified losslessly: the output law is the target's.
+
     >>> llm = LLM(target="path/to/model", mode="ar", max_model_len=1024)
     >>> llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=16))[0].text
     """
@@ -96,21 +100,28 @@ class LLM:
             config = EngineConfig(mode=mode, **engine_kwargs)
         elif engine_kwargs:
             raise ValueError("pass either config= or engine keyword arguments, not both")
-        if draft is not None or config.mode != "ar":
-            raise ValueError(f"mode: {config.mode!r} with a draft model is not available yet; use mode='ar'")
+        if config.mode == "ar" and draft is not None:
+            raise ValueError("draft: mode 'ar' takes no draft model (use mode='sd')")
+        if config.mode != "ar" and draft is None:
+            raise ValueError(f"draft: mode {config.mode!r} needs a draft model")
         import torch
 
         from ssd import _C, models
 
         self.config = config
         self.model = models.load(target, dtype=getattr(torch, config.dtype))
+        self.draft_model = None if draft is None else models.load(draft, dtype=getattr(torch, config.dtype))
         max_pos = self.model.config.max_position_embeddings
         if config.max_model_len > max_pos:
             raise ValueError(f"max_model_len: {config.max_model_len} exceeds the model's "
                              f"max_position_embeddings ({max_pos})")
         core = self.model.core_model()
         self.model.weights.clear()  # the core holds its own (fused) copies
-        self._engine = _C.Engine(config.to_dict(), core, list(self.model.eos_token_ids))
+        draft_core = None
+        if self.draft_model is not None:
+            draft_core = self.draft_model.core_model()
+            self.draft_model.weights.clear()
+        self._engine = _C.Engine(config.to_dict(), core, list(self.model.eos_token_ids), draft_core)
         self._trackers: dict[int, _Tracker] = {}
 
     # ----------------------------------------------------------------- input

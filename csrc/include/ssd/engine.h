@@ -21,9 +21,11 @@ class Model;
 class Engine {
  public:
   /// Starts the engine thread. `eos_token_ids` end a request unless ignore_eos.
-  /// Throws std::invalid_argument for an invalid config.
+  /// `draft` is required by mode "sd" and refused by "ar". Throws
+  /// std::invalid_argument for an invalid config or a draft whose vocabulary
+  /// differs from the target's.
   Engine(const EngineConfig& config, std::shared_ptr<model::Model> target,
-         std::vector<int32_t> eos_token_ids);
+         std::vector<int32_t> eos_token_ids, std::shared_ptr<model::Model> draft = nullptr);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

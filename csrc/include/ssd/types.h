@@ -28,6 +28,9 @@ struct RequestMetrics {
   double time_to_first_token = 0.0;
   double finish_time = 0.0;
   uint64_t seed = 0;  ///< the seed the request's random streams were keyed by
+  int64_t rounds = 0;  ///< speculative rounds (sd)
+  int64_t draft_tokens_proposed = 0;
+  int64_t draft_tokens_accepted = 0;
 };
 
 /// A batch of new tokens for one request; the last response of a request has
@@ -54,6 +57,9 @@ struct EngineStats {
   int64_t kv_blocks_total = 0;
   int64_t kv_blocks_free = 0;
   double forward_seconds = 0.0;
+  int64_t rounds = 0;
+  int64_t draft_tokens_proposed = 0;
+  int64_t draft_tokens_accepted = 0;
 };
 
 }  // namespace ssd

@@ -1,0 +1,107 @@
+#include "drafter.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "../kernels/cpu/sampling.h"
+#include "../kernels/cpu/saguaro_sample.h"
+
+namespace ssd::runtime {
+
+Drafter::Drafter(std::shared_ptr<model::Model> model, int64_t num_blocks, int64_t block_size,
+                 int64_t threads)
+    : model_(std::move(model)),
+      cache_(std::make_unique<model::KvCache>(model_->config(), num_blocks, block_size)),
+      pool_(std::make_unique<kernels::ThreadPool>(threads)) {}
+
+model::ForwardInput Drafter::step_input(const std::vector<Sequence*>& seqs, const DraftBatch& batch,
+                                        int64_t step, std::vector<int64_t>& rows) {
+  model::ForwardInput in;
+  rows.clear();
+  std::vector<const model::BlockTable*> tables;
+  for (size_t b = 0; b < seqs.size(); ++b) {
+    if (batch.counts[b] <= step) continue;
+    Sequence* seq = seqs[b];
+    const int64_t base = seq->len() - 1;  // position of the last real token
+    // Step 0 feeds every token the draft has not seen; later steps the previous draft token.
+    const int64_t begin = step == 0 ? seq->draft_computed : base + step;
+    const int64_t end = base + step + 1;
+    if (!cache_->reserve(seq->draft_table, end))
+      throw std::runtime_error("draft KV cache is full");
+    for (int64_t pos = begin; pos < end; ++pos) {
+      const int32_t token = pos <= base ? seq->tokens[pos]
+                                        : static_cast<int32_t>(batch.tokens[b * batch.k + (pos - base - 1)]);
+      in.tokens.push_back(token);
+      in.positions.push_back(static_cast<int32_t>(pos));
+      in.seq_of_token.push_back(static_cast<int32_t>(tables.size()));
+    }
+    in.logit_rows.push_back(static_cast<int32_t>(in.tokens.size() - 1));
+    seq->draft_computed = end;
+    tables.push_back(&seq->draft_table);
+    rows.push_back(static_cast<int64_t>(b));
+  }
+  for (const auto* t : tables) in.max_blocks = std::max<int64_t>(in.max_blocks, static_cast<int64_t>(t->blocks.size()));
+  in.block_tables.assign(tables.size() * static_cast<size_t>(in.max_blocks), 0);
+  for (size_t s = 0; s < tables.size(); ++s)
+    std::copy(tables[s]->blocks.begin(), tables[s]->blocks.end(),
+              in.block_tables.begin() + static_cast<int64_t>(s) * in.max_blocks);
+  return in;
+}
+
+void Drafter::sample(const std::vector<Sequence*>& seqs, const std::vector<int64_t>& rows,
+                     const at::Tensor& logits, int64_t step, DraftBatch& batch) {
+  const int64_t n = static_cast<int64_t>(rows.size());
+  const int64_t vocab = model_->config().vocab_size;
+  std::vector<double> temperature(n), top_p(n), downweight(n, 1.0), uniforms(n);
+  std::vector<int64_t> top_k(n), fanout(n, 0), tokens(n);
+  std::vector<float> probs(static_cast<size_t>(n * vocab));
+  for (int64_t r = 0; r < n; ++r) {
+    const Sequence* seq = seqs[rows[r]];
+    temperature[r] = seq->params.temperature;
+    top_k[r] = seq->params.top_k;
+    top_p[r] = seq->params.top_p;
+    uniforms[r] = kernels::keyed_uniform(seq->seed, static_cast<uint64_t>(seq->len() + step),
+                                         kernels::RandomPurpose::kDraft);
+  }
+  kernels::SaguaroSampleParams p;
+  p.logits = logits.data_ptr<float>();
+  p.rows = n;
+  p.vocab = vocab;
+  p.temperature = temperature.data();
+  p.top_k = top_k.data();
+  p.top_p = top_p.data();
+  p.fanout = fanout.data();
+  p.downweight = downweight.data();
+  p.uniforms = uniforms.data();
+  p.probs = probs.data();
+  p.tokens = tokens.data();
+  kernels::saguaro_sample(p);
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t slot = rows[r] * batch.k + step;
+    batch.tokens[slot] = tokens[r];
+    std::copy(probs.begin() + r * vocab, probs.begin() + (r + 1) * vocab, batch.q.begin() + slot * vocab);
+  }
+}
+
+DraftBatch Drafter::draft(const std::vector<Sequence*>& seqs, const std::vector<int64_t>& counts) {
+  DraftBatch batch;
+  batch.counts = counts;
+  batch.k = counts.empty() ? 0 : *std::max_element(counts.begin(), counts.end());
+  const int64_t vocab = model_->config().vocab_size;
+  batch.tokens.assign(seqs.size() * static_cast<size_t>(batch.k), 0);
+  batch.q.assign(seqs.size() * static_cast<size_t>(batch.k * vocab), 0.0f);
+  std::vector<int64_t> rows;
+  for (int64_t step = 0; step < batch.k; ++step) {
+    const model::ForwardInput in = step_input(seqs, batch, step, rows);
+    const at::Tensor logits = model_->forward(in, *cache_, *pool_);
+    sample(seqs, rows, logits, step, batch);
+  }
+  return batch;
+}
+
+void Drafter::commit(Sequence* seq, int64_t keep_tokens) {
+  seq->draft_computed = std::min(seq->draft_computed, keep_tokens);
+  cache_->truncate(seq->draft_table, seq->draft_computed);
+}
+
+}  // namespace ssd::runtime

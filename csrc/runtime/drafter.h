@@ -1,0 +1,50 @@
+// The neural draft of the speculative modes: its own model, KV cache and
+// threads. For each sequence it catches up on the tokens it has not seen and
+// drafts up to k tokens, keeping the exact rows it sampled from (the verifier
+// uses them as q; they are never recomputed).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "../kernels/cpu/thread_pool.h"
+#include "../model/kv_cache.h"
+#include "../model/model.h"
+#include "scheduler.h"
+
+namespace ssd::runtime {
+
+struct DraftBatch {
+  int64_t k = 0;                ///< proposal slots per row (the largest count)
+  std::vector<int64_t> counts;  ///< [B] proposals actually drafted per row
+  std::vector<int64_t> tokens;  ///< [B, k]
+  std::vector<float> q;         ///< [B, k, vocab]
+};
+
+class Drafter {
+ public:
+  Drafter(std::shared_ptr<model::Model> model, int64_t num_blocks, int64_t block_size,
+          int64_t threads);
+
+  model::KvCache& cache() { return *cache_; }
+
+  /// Drafts counts[b] tokens after the last token of seqs[b]. Each sequence's
+  /// last token sits at position len - 1; draft token i (1-based) is sampled
+  /// with the keyed uniform (seed, len - 1 + i, kDraft).
+  DraftBatch draft(const std::vector<Sequence*>& seqs, const std::vector<int64_t>& counts);
+
+  /// After verification: keeps the draft KV of the first keep_tokens positions.
+  void commit(Sequence* seq, int64_t keep_tokens);
+
+ private:
+  model::ForwardInput step_input(const std::vector<Sequence*>& seqs, const DraftBatch& batch,
+                                 int64_t step, std::vector<int64_t>& rows);
+  void sample(const std::vector<Sequence*>& seqs, const std::vector<int64_t>& rows,
+              const at::Tensor& logits, int64_t step, DraftBatch& batch);
+
+  std::shared_ptr<model::Model> model_;
+  std::unique_ptr<model::KvCache> cache_;
+  std::unique_ptr<kernels::ThreadPool> pool_;
+};
+
+}  // namespace ssd::runtime

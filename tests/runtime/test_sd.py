@@ -1,0 +1,145 @@
+"""Synchronous speculative decoding (mode "sd"): exact at temperature 0 and in law."""
+import itertools
+import random
+
+import numpy as np
+import pytest
+
+from ssd import LLM, SamplingParams
+from tests.reference.sampling_ref import processed_probs
+from tests.reference.stats import g_test, samples_for_power
+from tests.reference.tiny_models import TinySpec, build_tiny_model
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sd")
+    target, _ = build_tiny_model(TinySpec(vocab_size=256, num_layers=3, seed=1, init_std=0.1), root / "t")
+    draft, _ = build_tiny_model(TinySpec(vocab_size=256, num_layers=1, seed=2, init_std=0.1), root / "d")
+    return target, draft
+
+
+def greedy(n):
+    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+
+
+@pytest.mark.parametrize("max_batch", [1, 8])
+@pytest.mark.parametrize("same_draft", [False, True])
+def test_greedy_equals_ar(pair, max_batch, same_draft):
+    target, draft = pair
+    rng = random.Random(0)
+    prompts = [[rng.randrange(256) for _ in range(rng.randrange(1, 30))] for _ in range(32)]
+    with LLM(target, max_model_len=256) as ar:
+        want = [o.token_ids for o in ar.generate(prompts, greedy(64))]
+    with LLM(target, draft=target if same_draft else draft, mode="sd", k=3, max_model_len=256,
+             max_batch=max_batch) as sd:
+        got = [o.token_ids for o in sd.generate(prompts, greedy(64))]
+        stats = sd.stats()
+    assert got == want
+    assert stats["rounds"] > 0
+    rate = stats["draft_tokens_accepted"] / stats["draft_tokens_proposed"]
+    if same_draft:
+        assert rate == 1.0  # the draft IS the target: every greedy proposal is accepted
+        assert stats["rounds"] == 32 * 64 // 4
+
+
+def test_greedy_with_preemption_equals_ar(pair):
+    target, draft = pair
+    rng = random.Random(1)
+    prompts = [[rng.randrange(256) for _ in range(rng.randrange(4, 40))] for _ in range(24)]
+    with LLM(target, max_model_len=128) as ar:
+        want = [o.token_ids for o in ar.generate(prompts, greedy(48))]
+    with LLM(target, draft=draft, mode="sd", k=4, max_model_len=128, max_batch=16, kv_block_size=8,
+             kv_capacity_tokens=512) as sd:
+        got = [o.token_ids for o in sd.generate(prompts, greedy(48))]
+        assert sd.stats()["num_preemptions"] >= 1
+    assert got == want
+
+
+VOCAB = 4
+PROMPT = [1, 3, 0, 2]
+N_TOKENS = 7  # with k = 2 (up to 3 tokens a round), at least three rounds
+
+
+@pytest.fixture(scope="module")
+def small_pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sd_law")
+    target, _ = build_tiny_model(TinySpec(vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
+                                          seed=11, init_std=0.1), root / "t")
+    draft, _ = build_tiny_model(TinySpec(vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
+                                         num_layers=1, seed=12, init_std=0.1), root / "d")
+    return target, draft
+
+
+def exact_joint(model, temperature, top_k, top_p):
+    """Law of the first N_TOKENS tokens of the target by enumeration: [VOCAB ** N_TOKENS]."""
+    law = {(): 1.0}
+    for _ in range(N_TOKENS):
+        nxt = {}
+        for prefix, mass in law.items():
+            probs = processed_probs(model.logits(PROMPT + list(prefix))[-1], temperature, top_k, top_p)
+            for t in range(VOCAB):
+                if probs[t] > 0:
+                    nxt[prefix + (t,)] = mass * float(probs[t])
+        law = nxt
+    out = np.zeros(VOCAB ** N_TOKENS)
+    for seq, mass in law.items():
+        out[np.ravel_multi_index(seq, (VOCAB,) * N_TOKENS)] = mass
+    return out.reshape((VOCAB,) * N_TOKENS)
+
+
+def views(joint_or_counts):
+    """The distributions tested: each position's marginal and the (3, 4) pair."""
+    arr = joint_or_counts
+    out = []
+    for pos in range(N_TOKENS):
+        axes = tuple(a for a in range(N_TOKENS) if a != pos)
+        out.append(arr.sum(axis=axes))
+    out.append(arr.sum(axis=(0, 1, 4, 5, 6)).ravel())
+    return out
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.9, 3, 0.9)])
+def test_output_law_equals_target(small_pair, temperature, top_k, top_p):
+    target, draft = small_pair
+    with LLM(target, draft=draft, mode="sd", k=2, max_model_len=32, max_batch=512,
+             max_batched_tokens=8192) as sd:
+        joint = exact_joint(sd.model, temperature, top_k, top_p)
+        laws = views(joint)
+        n = max(samples_for_power(law, tv=0.01, alpha=0.001, power=0.9) for law in laws)
+        params = [SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
+                                 max_tokens=N_TOKENS, ignore_eos=True, seed=7_000_000 + i) for i in range(n)]
+        outs = sd.generate([PROMPT] * n, params)
+        stats = sd.stats()
+    counts = np.zeros_like(joint)
+    for o in outs:
+        assert len(o.token_ids) == N_TOKENS
+        counts[tuple(o.token_ids)] += 1
+    accept = stats["draft_tokens_accepted"] / stats["draft_tokens_proposed"]
+    assert 0.05 < accept < 0.95, "both acceptance and rejection must be exercised"
+    assert stats["rounds"] >= 3 * n
+    for law, observed in zip(laws, views(counts)):
+        assert g_test(observed, law) > 0.001
+    # The same test rejects the draft's own law: it has the power to see a wrong output law.
+    with LLM(draft, max_model_len=32) as draft_llm:
+        wrong = views(exact_joint(draft_llm.model, temperature, top_k, top_p))
+    assert min(g_test(o, w) for o, w in zip(views(counts), wrong)) < 1e-6
+
+
+def test_seeded_output_does_not_depend_on_batch(small_pair):
+    target, draft = small_pair
+    p = SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True, seed=5)
+    with LLM(target, draft=draft, mode="sd", k=2, max_model_len=64) as sd:
+        alone = sd.generate([PROMPT], p)[0].token_ids
+        noise = [SamplingParams(temperature=0.8, max_tokens=30, ignore_eos=True, seed=s) for s in range(5)]
+        crowd = sd.generate([PROMPT[:2]] * 2 + [PROMPT] + [PROMPT[:3]] * 3, noise[:2] + [p] + noise[2:])
+    assert crowd[2].token_ids == alone
+
+
+def test_draft_vocabulary_must_match(pair, small_pair):
+    with pytest.raises(ValueError, match=r"draft vocabulary \(4 tokens\) differs from the target's \(256 tokens\)"):
+        LLM(pair[0], draft=small_pair[1], mode="sd", max_model_len=64)
+    with pytest.raises(ValueError, match="needs a draft model"):
+        LLM(pair[0], mode="sd", max_model_len=64)
+    with pytest.raises(ValueError, match="takes no draft model"):
+        LLM(pair[0], draft=pair[1], mode="ar", max_model_len=64)
