@@ -157,6 +157,8 @@ PYBIND11_MODULE(_C, m) {
       .def("truncate", &model::SequenceRunner::truncate)
       .def("free", &model::SequenceRunner::free)
       .def("length", &model::SequenceRunner::length)
+      .def("block_table", &model::SequenceRunner::block_table)
+      .def("cache_storage", &model::SequenceRunner::cache_storage)
       .def_property_readonly("num_free_blocks", &model::SequenceRunner::num_free_blocks);
 
   py::class_<Engine>(m, "Engine")

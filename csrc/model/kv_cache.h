@@ -36,6 +36,8 @@ class KvCache {
 
   /// Layer view for the kernels.
   kernels::PagedKv layer(int64_t index);
+  /// [layers, 2, num_blocks, block_size, kv_heads, head_dim], shared with the cache.
+  const at::Tensor& storage() const { return storage_; }
 
  private:
   int64_t num_blocks_;

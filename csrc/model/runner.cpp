@@ -27,6 +27,12 @@ int64_t SequenceRunner::length(int64_t seq) const {
   return it->second.len;
 }
 
+std::vector<int32_t> SequenceRunner::block_table(int64_t seq) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) throw std::invalid_argument("unknown sequence id " + std::to_string(seq));
+  return it->second.table.blocks;
+}
+
 at::Tensor SequenceRunner::extend(const std::vector<std::pair<int64_t, std::vector<int32_t>>>& batch,
                                   bool all_logits) {
   ForwardInput in;

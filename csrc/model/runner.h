@@ -33,6 +33,11 @@ class SequenceRunner {
   void free(int64_t seq);
   int64_t length(int64_t seq) const;
   int64_t num_free_blocks() const { return cache_.num_free_blocks(); }
+  /// The KV storage [layers, 2, num_blocks, block_size, kv_heads, head_dim],
+  /// shared (writes through it reach the cache), for KV-movement tests.
+  at::Tensor cache_storage() const { return cache_.storage(); }
+  /// Block ids of a sequence, in position order.
+  std::vector<int32_t> block_table(int64_t seq) const;
 
  private:
   struct State {

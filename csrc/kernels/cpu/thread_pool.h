@@ -24,21 +24,25 @@ class ThreadPool {
 
   /// Runs fn(begin, end) over [0, n) split into contiguous chunks whose sizes
   /// are multiples of `grain` (except the last). Blocks until all are done.
-  /// The split never changes what a single index computes.
+  /// Chunks are claimed dynamically, so the caller finishes the job alone when
+  /// a worker is not scheduled; the split never changes what an index computes.
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
  private:
-  void worker_loop(int64_t index);
-  void run_chunk(int64_t index);
+  void worker_loop();
+  /// Claims and runs chunks of the job published as `epoch` until none is left.
+  void drain(uint32_t epoch);
 
   int64_t num_threads_;
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::atomic<uint64_t> epoch_{0};
-  std::atomic<int64_t> pending_{0};
   bool stop_ = false;
-  // Job of the current epoch.
+  // Epoch, chunk count and next unclaimed chunk packed in one word, so a claim
+  // can never cross into another job (see thread_pool.cpp).
+  std::atomic<uint64_t> state_{0};
+  std::atomic<int64_t> active_{0};  // workers inside drain()
+  // The job of the current epoch; written only while no worker runs a chunk.
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
   int64_t n_ = 0;
   int64_t chunk_ = 0;
