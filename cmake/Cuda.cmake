@@ -21,9 +21,13 @@ elseif(SSD_CUDA STREQUAL "on")
 endif()
 
 if(SSD_WITH_CUDA)
+  # pip's CUDA torch ships the CUDA library headers (cuSPARSE, cuBLAS, ...) that
+  # ATen's CUDA headers include in site-packages/nvidia/<cuXY>/include.
+  file(GLOB SSD_PIP_CUDA_INCLUDES "${SSD_TORCH_LIB_DIR}/../../nvidia/cu*/include")
   add_library(ssd_cuda_kernels STATIC ${SSD_CUDA_SOURCES})
   set_target_properties(ssd_cuda_kernels PROPERTIES CUDA_ARCHITECTURES "80;90")
   target_link_libraries(ssd_core PUBLIC ssd_cuda_kernels)
   target_compile_definitions(ssd_core PUBLIC SSD_WITH_CUDA)
+  target_include_directories(ssd_core SYSTEM PUBLIC ${SSD_PIP_CUDA_INCLUDES})
 endif()
 message(STATUS "ssd: CUDA kernels in the core: ${SSD_WITH_CUDA}")

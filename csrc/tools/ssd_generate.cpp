@@ -34,7 +34,10 @@ constexpr const char* kUsage =
     "the generated ids, one line per prompt; finish reasons go to stderr.\n"
     "\n"
     "options:\n"
-    "  --mode ar              decoding mode (only 'ar' runs in this build)\n"
+    "  --mode ar|sd           decoding mode (default ar; sd needs --draft)\n"
+    "  --draft DIR            draft model directory (mode sd)\n"
+    "  --k N                  draft tokens per round (default 4)\n"
+    "  --draft-threads N      CPU threads of the draft's forward (default 1)\n"
     "  --max-tokens N         tokens to generate per prompt (default 16)\n"
     "  --temperature T        0 is greedy (default 1.0)\n"
     "  --top-k K              0 or -1 disables (default 0)\n"
@@ -52,6 +55,7 @@ struct UsageError : std::invalid_argument {
 
 struct Options {
   std::string model_dir;
+  std::string draft_dir;
   ssd::EngineConfig engine;
   std::optional<int64_t> max_model_len;
   ssd::SamplingParams sampling;
@@ -88,6 +92,12 @@ void apply_option(Options& o, const std::string& flag, const std::string& value)
   auto& s = o.sampling;
   if (flag == "--mode") {
     o.engine.mode = value;
+  } else if (flag == "--draft") {
+    o.draft_dir = value;
+  } else if (flag == "--k") {
+    o.engine.k = parse_number<int64_t>(flag, value);
+  } else if (flag == "--draft-threads") {
+    o.engine.draft_threads = parse_number<int64_t>(flag, value);
   } else if (flag == "--max-tokens") {
     s.max_tokens = parse_number<int64_t>(flag, value);
   } else if (flag == "--temperature") {
@@ -182,12 +192,16 @@ std::vector<Result> generate(ssd::Engine& engine, const Options& o) {
 
 int run(const Options& o) {
   const at::ScalarType dtype = o.engine.dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
-  std::shared_ptr<ssd::model::Model> model;
+  std::shared_ptr<ssd::model::Model> model, draft;
   std::vector<int32_t> eos;
   try {
     ssd::model::Checkpoint ckpt = ssd::model::load_checkpoint(o.model_dir, dtype);
     model = std::make_shared<ssd::model::Model>(ckpt.config, ckpt.weights);
     eos = std::move(ckpt.eos_token_ids);
+    if (!o.draft_dir.empty()) {
+      ssd::model::Checkpoint d = ssd::model::load_checkpoint(o.draft_dir, dtype);
+      draft = std::make_shared<ssd::model::Model>(d.config, d.weights);
+    }
   } catch (const std::exception& e) {
     std::cerr << "ssd_generate: cannot load model: " << e.what() << "\n";
     return kExitFailure;
@@ -201,7 +215,7 @@ int run(const Options& o) {
                      " exceeds the model's max_position_embeddings (" + std::to_string(max_pos) + ")");
   std::unique_ptr<ssd::Engine> engine;
   try {
-    engine = std::make_unique<ssd::Engine>(config, model, eos);
+    engine = std::make_unique<ssd::Engine>(config, model, eos, draft);
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }

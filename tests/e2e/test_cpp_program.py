@@ -117,6 +117,20 @@ def test_program_generates_what_llm_generates(program, models, model, dtype, sam
     assert reasons == expected_reasons == ["length"] * len(PROMPTS)
 
 
+@pytest.mark.parametrize("sampling", list(SAMPLINGS))
+def test_program_runs_sd_like_llm(program, models, sampling):
+    """Mode sd: the C++ program and ssd.LLM give the same tokens for the same pair."""
+    params = dict(max_tokens=16, **SAMPLINGS[sampling])
+    target, draft = models["llama"], models["llama-sharded"]
+    args = [str(target), "--mode", "sd", "--draft", str(draft), "--k", "3", *cli_options(params)]
+    tokens, reasons = program_outputs(run_program(program, *args))
+    with LLM(str(target), draft=str(draft), mode="sd", k=3, max_model_len=MAX_MODEL_LEN) as llm:
+        outs = llm.generate(PROMPTS, SamplingParams(**params))
+        assert llm.stats()["rounds"] > 0
+    assert tokens == [o.token_ids for o in outs]
+    assert reasons == [o.finish_reason for o in outs]
+
+
 def test_eos_ids_from_generation_config_and_config(program, models, tmp_path):
     model_dir = shutil.copytree(models["llama"], tmp_path / "llama")
     params = dict(temperature=0.0, max_tokens=12)
