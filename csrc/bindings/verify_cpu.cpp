@@ -47,31 +47,13 @@ std::tuple<at::Tensor, at::Tensor> verify_cpu(
   const VerifyDims d = check_verify_args(target_logits, proposals, num_proposals, q_probs, one_hot,
                                          temperature, top_k, top_p, accept_uniforms,
                                          bonus_uniforms);
-  const at::Tensor logits_c = target_logits.contiguous(), x_c = proposals.contiguous(),
-                   n_c = num_proposals.contiguous(), q_c = q_probs.contiguous(),
-                   one_hot_c = one_hot.contiguous(), t_c = temperature.contiguous(),
-                   tk_c = top_k.contiguous(), tp_c = top_p.contiguous(),
-                   ua_c = accept_uniforms.contiguous(), ub_c = bonus_uniforms.contiguous();
-  check_verify_values(d, x_c, n_c, t_c, tk_c, tp_c);
+  const VerifyInputs in = contiguous_verify_inputs(target_logits, proposals, num_proposals, q_probs,
+                                                   one_hot, temperature, top_k, top_p,
+                                                   accept_uniforms, bonus_uniforms);
+  check_verify_values(d, in.proposals, in.num_proposals, in.temperature, in.top_k, in.top_p);
   at::Tensor accepted = at::empty({d.batch}, proposals.options());
   at::Tensor bonus = at::empty({d.batch}, proposals.options());
-
-  kernels::VerifyParams p;
-  p.target_logits = logits_c.data_ptr<float>();
-  p.proposals = x_c.data_ptr<int64_t>();
-  p.num_proposals = n_c.data_ptr<int64_t>();
-  p.q_probs = q_c.data_ptr<float>();
-  p.one_hot = one_hot_c.data_ptr<bool>();
-  p.temperature = t_c.data_ptr<double>();
-  p.top_k = tk_c.data_ptr<int64_t>();
-  p.top_p = tp_c.data_ptr<double>();
-  p.accept_uniforms = ua_c.data_ptr<double>();
-  p.bonus_uniforms = ub_c.data_ptr<double>();
-  p.accepted = accepted.data_ptr<int64_t>();
-  p.bonus = bonus.data_ptr<int64_t>();
-  p.batch = d.batch;
-  p.k = d.k;
-  p.vocab = d.vocab;
+  const kernels::VerifyParams p = verify_params(d, in, accepted, bonus);
   // A row costs up to (K + 1) softmaxes over V: aim for ~64k logits per task.
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / ((d.k + 1) * d.vocab));
   at::parallel_for(0, d.batch, grain, [&](int64_t begin, int64_t end) { kernels::verify(p, begin, end); });

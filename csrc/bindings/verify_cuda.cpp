@@ -26,35 +26,16 @@ std::tuple<at::Tensor, at::Tensor> verify_cuda(
                                          temperature, top_k, top_p, accept_uniforms,
                                          bonus_uniforms);
   const c10::cuda::CUDAGuard guard(target_logits.device());
-  const at::Tensor logits_c = target_logits.contiguous(), x_c = proposals.contiguous(),
-                   n_c = num_proposals.contiguous(), q_c = q_probs.contiguous(),
-                   one_hot_c = one_hot.contiguous(), t_c = temperature.contiguous(),
-                   tk_c = top_k.contiguous(), tp_c = top_p.contiguous(),
-                   ua_c = accept_uniforms.contiguous(), ub_c = bonus_uniforms.contiguous();
+  const VerifyInputs in = contiguous_verify_inputs(target_logits, proposals, num_proposals, q_probs,
+                                                   one_hot, temperature, top_k, top_p,
+                                                   accept_uniforms, bonus_uniforms);
   at::Tensor accepted = at::empty({d.batch}, proposals.options());
   at::Tensor bonus = at::empty({d.batch}, proposals.options());
   at::Tensor workspace = at::empty(
       {static_cast<int64_t>(kernels::cuda::verify_workspace_bytes(d.batch, d.k))},
       target_logits.options().dtype(at::kByte));
-
-  kernels::cuda::VerifyParams p;
-  p.target_logits = logits_c.data_ptr<float>();
-  p.proposals = x_c.data_ptr<int64_t>();
-  p.num_proposals = n_c.data_ptr<int64_t>();
-  p.q_probs = q_c.data_ptr<float>();
-  p.one_hot = one_hot_c.data_ptr<bool>();
-  p.temperature = t_c.data_ptr<double>();
-  p.top_k = tk_c.data_ptr<int64_t>();
-  p.top_p = tp_c.data_ptr<double>();
-  p.accept_uniforms = ua_c.data_ptr<double>();
-  p.bonus_uniforms = ub_c.data_ptr<double>();
-  p.accepted = accepted.data_ptr<int64_t>();
-  p.bonus = bonus.data_ptr<int64_t>();
-  p.workspace = workspace.data_ptr();
-  p.batch = d.batch;
-  p.k = d.k;
-  p.vocab = d.vocab;
-  const cudaError_t err = kernels::cuda::verify(p, at::cuda::getCurrentCUDAStream());
+  const kernels::VerifyParams p = verify_params(d, in, accepted, bonus);
+  const cudaError_t err = kernels::cuda::verify(p, workspace.data_ptr(), at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "verify: CUDA launch failed: ", cudaGetErrorString(err));
   return {accepted, bonus};
 }

@@ -401,9 +401,9 @@ size_t verify_workspace_bytes(int64_t batch, int64_t k) {
   return static_cast<size_t>(batch * (k + 1)) * sizeof(PositionSummary);
 }
 
-cudaError_t verify(const VerifyParams& params, cudaStream_t stream) {
+cudaError_t verify(const VerifyParams& params, void* workspace, cudaStream_t stream) {
   if (params.batch <= 0) return cudaSuccess;
-  auto* summaries = static_cast<PositionSummary*>(params.workspace);
+  auto* summaries = static_cast<PositionSummary*>(workspace);
   const auto slots = static_cast<unsigned>(params.batch * (params.k + 1));
   summarise_kernel<<<slots, kThreads, 0, stream>>>(params, summaries);
   const cudaError_t err = cudaGetLastError();
