@@ -46,6 +46,13 @@ def test_matches_reference(group, head_dim, block_size):
     torch.testing.assert_close(out, ref.float(), atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("head_dim", [40, 80])
+def test_head_dims_off_the_vector_width(head_dim):
+    """CPU only: head_dim that is not a multiple of 64 exercises the tail loops."""
+    args = make_inputs(4, head_dim, 16, seed=head_dim)
+    torch.testing.assert_close(run(args), paged_attention_ref(*args[:-1]).float(), atol=2e-5, rtol=1e-5)
+
+
 def test_reference_detects_wrong_keys():
     """Negative control: a mask one position short, or two swapped blocks, is far outside the tolerance."""
     q, k_cache, v_cache, tables, seq_of_token, positions, scale, out = args = make_inputs(4, 64, 16)

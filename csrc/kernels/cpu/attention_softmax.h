@@ -132,8 +132,7 @@ void attend_rows(AttentionScratch& s, int64_t heads, int64_t d, float scale, Key
   const float* vals[kValueTile];
   for (int64_t p0 = 0; p0 < n_max; p0 += kValueTile) {
     const int64_t p1 = std::min(n_max, p0 + kValueTile);
-    for (int64_t p = p0 + kPrefetchAhead; p < std::min(n_max, p1 + kPrefetchAhead); ++p)
-      prefetch_row(value_at(widest, p), d);
+    for (int64_t p = p1; p < std::min(n_max, p1 + kValueTile); ++p) prefetch_row(value_at(widest, p), d);
     for (int64_t r = 0; r < num_rows; ++r) {
       const int64_t end = std::min(p1, s.rows[r].n);
       for (int64_t p = p0; p < end; ++p) vals[p - p0] = value_at(r, p);
