@@ -1,49 +1,8 @@
-#include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <limits>
-#include <vector>
+#include "paged_attention.h"
 
-#include "ops.h"
-#include "vec.h"
+#include <cstring>
 
 namespace ssd::kernels {
-
-namespace {
-
-inline int64_t slot_of(const int32_t* table, int64_t pos, int64_t block_size) {
-  return static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
-}
-
-// One query head against keys 0..last of one sequence.
-void attend_one(const PagedKv& kv, const float* q, float* out, int64_t kv_head,
-                const int32_t* table, int64_t last, float scale, std::vector<float>& scores) {
-  const int64_t d = kv.head_dim;
-  const int64_t row = kv.num_kv_heads * d;
-  scores.resize(static_cast<size_t>(last + 1));
-  float max_score = -std::numeric_limits<float>::infinity();
-  for (int64_t p = 0; p <= last; ++p) {
-    const float* key = kv.k + slot_of(table, p, kv.block_size) * row + kv_head * d;
-    const float s = dot(q, key, d) * scale;
-    scores[p] = s;
-    max_score = std::max(max_score, s);
-  }
-  float denom = 0.0f;
-  for (int64_t p = 0; p <= last; ++p) {
-    scores[p] = std::exp(scores[p] - max_score);
-    denom += scores[p];
-  }
-  std::fill(out, out + d, 0.0f);
-  for (int64_t p = 0; p <= last; ++p) {
-    const float* val = kv.v + slot_of(table, p, kv.block_size) * row + kv_head * d;
-    const float w = scores[p];
-    for (int64_t i = 0; i < d; ++i) out[i] = std::fma(w, val[i], out[i]);
-  }
-  const float inv = 1.0f / denom;
-  for (int64_t i = 0; i < d; ++i) out[i] *= inv;
-}
-
-}  // namespace
 
 void kv_write(const PagedKv& kv, const float* k, const float* v, int64_t ld, int64_t tokens,
               const int32_t* seq_of_token, const int32_t* positions, const int32_t* block_tables,
@@ -57,22 +16,42 @@ void kv_write(const PagedKv& kv, const float* k, const float* v, int64_t ld, int
   }
 }
 
+std::vector<RowRun> paged_attention_runs(const PagedAttentionParams& p) {
+  return same_sequence_runs(p.seq_of_token, p.tokens, kMaxSharedRows);
+}
+
+void paged_attention_units(const PagedAttentionParams& p, const std::vector<RowRun>& runs, int64_t begin,
+                           int64_t end) {
+  const PagedKv& kv = p.kv;
+  const int64_t group = p.num_heads / kv.num_kv_heads;
+  const int64_t d = kv.head_dim;
+  const int64_t row = kv.num_kv_heads * d;
+  AttentionScratch scratch;
+  for (int64_t unit = begin; unit < end; ++unit) {
+    const RowRun& run = runs[unit / kv.num_kv_heads];
+    const int64_t kv_head = unit % kv.num_kv_heads;
+    const int64_t first_head = kv_head * group * d;
+    scratch.rows.clear();
+    for (int64_t t = run.first; t < run.first + run.count; ++t)
+      scratch.rows.push_back({p.q + t * p.ldq + first_head, p.out + t * p.ldo + first_head, p.positions[t] + 1});
+    const int32_t* table = p.block_tables + p.seq_of_token[run.first] * p.max_blocks;
+    const float* k = kv.k + kv_head * d;
+    const float* v = kv.v + kv_head * d;
+    const auto key_at = [&](int64_t, int64_t pos) { return k + slot_of(table, pos, kv.block_size) * row; };
+    const auto value_at = [&](int64_t, int64_t pos) { return v + slot_of(table, pos, kv.block_size) * row; };
+    attend_rows(scratch, group, d, p.scale, key_at, value_at);
+  }
+}
+
 void paged_attention(const PagedKv& kv, const float* q, int64_t ldq, float* out, int64_t ldo,
                      int64_t tokens, int64_t num_heads, const int32_t* seq_of_token,
                      const int32_t* positions, const int32_t* block_tables, int64_t max_blocks,
                      float scale, ThreadPool& pool) {
-  const int64_t group = num_heads / kv.num_kv_heads;
-  const int64_t d = kv.head_dim;
-  pool.parallel_for(tokens * num_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
-    for (int64_t idx = begin; idx < end; ++idx) {
-      const int64_t t = idx / num_heads;
-      const int64_t h = idx % num_heads;
-      const int32_t* table = block_tables + seq_of_token[t] * max_blocks;
-      attend_one(kv, q + t * ldq + h * d, out + t * ldo + h * d, h / group, table, positions[t],
-                 scale, scores);
-    }
-  });
+  const PagedAttentionParams params{kv, q, ldq, out, ldo, tokens, num_heads, seq_of_token, positions,
+                                    block_tables, max_blocks, scale};
+  const std::vector<RowRun> runs = paged_attention_runs(params);
+  pool.parallel_for(static_cast<int64_t>(runs.size()) * kv.num_kv_heads, 1,
+                    [&](int64_t begin, int64_t end) { paged_attention_units(params, runs, begin, end); });
 }
 
 }  // namespace ssd::kernels

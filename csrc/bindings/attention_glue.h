@@ -1,0 +1,156 @@
+// Shared by the CPU and CUDA glue of paged_attention and fork_attention:
+// argument checks and the CPU threading. Shape, dtype and device checks cost
+// nothing on any device. Index values are checked by the CPU glue
+// (check_paged_indices); on CUDA that would need a device sync per call, so
+// indices are trusted there.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "../kernels/cpu/thread_pool.h"
+
+namespace ssd::attention {
+
+inline void check_f32(const at::Tensor& t, const char* name, int64_t dim) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat, name, " must be float32, got ", t.scalar_type());
+  TORCH_CHECK(t.dim() == dim, name, " must be ", dim, "-D, got shape ", t.sizes());
+}
+
+inline void check_i32(const at::Tensor& t, const char* name, int64_t dim) {
+  TORCH_CHECK(t.scalar_type() == at::kInt, name, " must be int32, got ", t.scalar_type());
+  TORCH_CHECK(t.dim() == dim, name, " must be ", dim, "-D, got shape ", t.sizes());
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+}
+
+// [rows, heads, head_dim] with each row's heads packed; rows may be strided.
+inline void check_rows(const at::Tensor& t, const char* name) {
+  check_f32(t, name, 3);
+  TORCH_CHECK(t.stride(2) == 1 && t.stride(1) == t.size(2),
+              name, " must have contiguous [heads, head_dim] rows, got strides ", t.strides());
+}
+
+inline void check_same_device(const at::Tensor& ref, std::initializer_list<std::pair<const at::Tensor*, const char*>> ts) {
+  for (const auto& [t, name] : ts)
+    TORCH_CHECK(t->device() == ref.device(), name, " is on ", t->device(), " but q is on ", ref.device());
+}
+
+/// Checks k_cache, v_cache [blocks, block_size, Hkv, D] against q [rows, Hq, D]
+/// and block_tables [S, max_blocks].
+inline void check_paged_cache(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                              const at::Tensor& block_tables) {
+  check_rows(q, "q");
+  check_f32(k_cache, "k_cache", 4);
+  check_f32(v_cache, "v_cache", 4);
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "k_cache and v_cache must have the same shape, got ",
+              k_cache.sizes(), " and ", v_cache.sizes());
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "k_cache and v_cache must be contiguous");
+  TORCH_CHECK(k_cache.size(3) == q.size(2), "k_cache head_dim ", k_cache.size(3), " != q head_dim ", q.size(2));
+  TORCH_CHECK(k_cache.size(1) > 0 && k_cache.size(2) > 0, "k_cache must have block_size > 0 and kv heads > 0");
+  TORCH_CHECK(q.size(1) % k_cache.size(2) == 0, "q heads (", q.size(1), ") must be a multiple of kv heads (",
+              k_cache.size(2), ")");
+  check_i32(block_tables, "block_tables", 2);
+}
+
+inline void check_out(const at::Tensor& out, const at::Tensor& q) {
+  check_rows(out, "out");
+  TORCH_CHECK(out.sizes() == q.sizes(), "out must have q's shape ", q.sizes(), ", got ", out.sizes());
+}
+
+inline void check_per_row(const at::Tensor& t, const char* name, int64_t rows) {
+  check_i32(t, name, 1);
+  TORCH_CHECK(t.size(0) == rows, name, " must have ", rows, " entries (one per q row), got ", t.size(0));
+}
+
+/// Every shape, dtype and device check of paged_attention.
+inline void check_paged_attention_args(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                       const at::Tensor& block_tables, const at::Tensor& seq_of_token,
+                                       const at::Tensor& positions, const at::Tensor& out) {
+  check_paged_cache(q, k_cache, v_cache, block_tables);
+  check_per_row(seq_of_token, "seq_of_token", q.size(0));
+  check_per_row(positions, "positions", q.size(0));
+  check_out(out, q);
+  check_same_device(q, {{&k_cache, "k_cache"}, {&v_cache, "v_cache"}, {&block_tables, "block_tables"},
+                        {&seq_of_token, "seq_of_token"}, {&positions, "positions"}, {&out, "out"}});
+}
+
+/// Every shape, dtype and device check of fork_attention.
+inline void check_fork_args(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                            const at::Tensor& block_tables, const at::Tensor& branch_seq,
+                            const at::Tensor& prefix_len, const at::Tensor& path_k, const at::Tensor& path_v,
+                            const at::Tensor& path_len, const at::Tensor& out) {
+  check_paged_cache(q, k_cache, v_cache, block_tables);
+  check_per_row(branch_seq, "branch_seq", q.size(0));
+  check_per_row(prefix_len, "prefix_len", q.size(0));
+  check_per_row(path_len, "path_len", q.size(0));
+  check_f32(path_k, "path_k", 4);
+  check_f32(path_v, "path_v", 4);
+  TORCH_CHECK(path_k.is_contiguous() && path_v.is_contiguous(), "path_k and path_v must be contiguous");
+  TORCH_CHECK(path_k.sizes() == path_v.sizes(), "path_k and path_v must have the same shape, got ", path_k.sizes(),
+              " and ", path_v.sizes());
+  TORCH_CHECK(path_k.size(0) == q.size(0) && path_k.size(1) > 0 && path_k.size(2) == k_cache.size(2) &&
+                  path_k.size(3) == k_cache.size(3),
+              "path_k must be [branches=", q.size(0), ", max_path>0, kv_heads=", k_cache.size(2),
+              ", head_dim=", k_cache.size(3), "], got ", path_k.sizes());
+  check_out(out, q);
+  check_same_device(q, {{&k_cache, "k_cache"}, {&v_cache, "v_cache"}, {&block_tables, "block_tables"},
+                        {&branch_seq, "branch_seq"}, {&prefix_len, "prefix_len"}, {&path_k, "path_k"},
+                        {&path_v, "path_v"}, {&path_len, "path_len"}, {&out, "out"}});
+}
+
+/// CPU only: seq[i] in [0, num_seqs); returns the largest last[i] of each
+/// sequence ([num_seqs], -1 where no row attends to its cache).
+inline std::vector<int64_t> max_position_per_seq(const at::Tensor& seq, const char* seq_name,
+                                                 const std::vector<int64_t>& last, int64_t num_seqs) {
+  std::vector<int64_t> out(static_cast<size_t>(num_seqs), -1);
+  const int32_t* s = seq.data_ptr<int32_t>();
+  for (int64_t i = 0; i < seq.size(0); ++i) {
+    TORCH_CHECK(s[i] >= 0 && s[i] < num_seqs, seq_name, "[", i, "] = ", s[i], " is not a row of block_tables (",
+                num_seqs, " rows)");
+    out[s[i]] = std::max(out[s[i]], last[i]);
+  }
+  return out;
+}
+
+/// CPU only: every block covering positions 0..max_position[s] of sequence s
+/// is a block of the cache, so the kernel never reads outside it.
+inline void check_paged_indices(const at::Tensor& block_tables, const std::vector<int64_t>& max_position,
+                                int64_t num_blocks, int64_t block_size) {
+  const int64_t max_blocks = block_tables.size(1);
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  for (int64_t s = 0; s < block_tables.size(0); ++s) {
+    const int64_t last = max_position[s];
+    if (last < 0) continue;
+    TORCH_CHECK(last < max_blocks * block_size, "sequence ", s, " attends to position ", last,
+                " beyond its block table (", max_blocks, " blocks of ", block_size, ")");
+    for (int64_t b = 0; b <= last / block_size; ++b) {
+      const int32_t block = tables[s * max_blocks + b];
+      TORCH_CHECK(block >= 0 && block < num_blocks, "block_tables[", s, ", ", b, "] = ", block,
+                  " is not a cache block (cache has ", num_blocks, ")");
+    }
+  }
+}
+
+// Multiply-adds (query heads x attended keys x head_dim) below which a call
+// runs on the calling thread alone: about a millisecond of work, enough to
+// amortise starting a thread (~0.1 ms).
+constexpr int64_t kParallelWork = int64_t{1} << 22;
+
+/// Runs fn(begin, end) over [0, units) on a pool of at::get_num_threads()
+/// threads made for this call, or inline when work < kParallelWork.
+/// at::parallel_for would be the natural choice, but it is serial in code
+/// compiled without OpenMP (as this extension is), and a pool kept between
+/// calls would be module-global state whose workers spin after every call.
+/// Units are independent, so the split never changes a result.
+template <typename F>
+void run_units(int64_t units, int64_t work, const F& fn) {
+  const int64_t threads = work < kParallelWork ? 1 : std::min<int64_t>(at::get_num_threads(), units);
+  kernels::ThreadPool pool(threads);
+  pool.parallel_for(units, 1, fn);
+}
+
+}  // namespace ssd::attention

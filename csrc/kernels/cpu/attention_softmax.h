@@ -1,0 +1,169 @@
+// The softmax-attention loop shared by paged and fork attention. Each query
+// head sees its n keys in the order key 0, ..., n - 1: scores and their max,
+// then exp and the denominator in key order, then the value sum in key order,
+// then one multiply by 1 / denominator. A row's result depends only on that
+// order, never on batching, on which rows share a pass, or on threads; the
+// model's batch invariance relies on it bit for bit.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "vec.h"
+
+namespace ssd::kernels {
+
+inline int64_t slot_of(const int32_t* table, int64_t pos, int64_t block_size) {
+  return static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
+}
+
+// Cache lines of a key or value row are requested this many keys ahead:
+// rows of a paged cache are scattered, so the hardware prefetcher cannot
+// follow them and each row would otherwise cost a full memory round trip.
+constexpr int64_t kPrefetchAhead = 8;
+
+inline void prefetch_row(const float* row, int64_t d) {
+  for (int64_t i = 0; i < d; i += 64 / static_cast<int64_t>(sizeof(float))) __builtin_prefetch(row + i);
+}
+
+// Keys per register-blocked step of the value sum.
+constexpr int64_t kValueTile = 16;
+
+#if SSD_AVX512
+inline Vec vbroadcast(float x) { return _mm512_set1_ps(x); }
+inline void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+#else
+inline Vec vbroadcast(float x) {
+  Vec r;
+  for (int64_t l = 0; l < kLanes; ++l) r.v[l] = x;
+  return r;
+}
+inline void vstore(float* p, Vec v) { std::memcpy(p, v.v, sizeof(v.v)); }
+#endif
+
+// o[i] = fma(w[p * w_stride], vals[p][i], o[i]) for p = 0..count-1 in order,
+// for NV 16-lane slices of o held in registers across the p loop (NV
+// independent chains, so the FMA latency overlaps).
+template <int NV>
+inline void accumulate_slices(float* o, const float* w, int64_t w_stride, const float* const* vals, int64_t count,
+                              int64_t offset) {
+  Vec acc[NV];
+  for (int j = 0; j < NV; ++j) acc[j] = vload(o + j * kLanes);
+  for (int64_t p = 0; p < count; ++p) {
+    const Vec wp = vbroadcast(w[p * w_stride]);
+    const float* v = vals[p] + offset;
+    for (int j = 0; j < NV; ++j) acc[j] = vfma(wp, vload(v + j * kLanes), acc[j]);
+  }
+  for (int j = 0; j < NV; ++j) vstore(o + j * kLanes, acc[j]);
+}
+
+inline void accumulate_values(float* o, int64_t d, const float* w, int64_t w_stride, const float* const* vals,
+                              int64_t count) {
+  int64_t i = 0;
+  for (; i + 8 * kLanes <= d; i += 8 * kLanes) accumulate_slices<8>(o + i, w, w_stride, vals, count, i);
+  for (; i + 2 * kLanes <= d; i += 2 * kLanes) accumulate_slices<2>(o + i, w, w_stride, vals, count, i);
+  for (; i + kLanes <= d; i += kLanes) accumulate_slices<1>(o + i, w, w_stride, vals, count, i);
+  for (; i < d; ++i) {
+    float acc = o[i];
+    for (int64_t p = 0; p < count; ++p) acc = std::fma(w[p * w_stride], vals[p][i], acc);
+    o[i] = acc;
+  }
+}
+
+/// One query row: `heads` query heads of one GQA group (head h at q + h * d,
+/// out + h * d) attending to n >= 1 keys.
+struct QueryRow {
+  const float* q;
+  float* out;
+  int64_t n;
+};
+
+/// Scratch space of attend_rows, reused between calls.
+struct AttentionScratch {
+  std::vector<QueryRow> rows;
+  std::vector<float> scores;  // [max n, rows * heads], key-major
+  std::vector<float> max_score;
+  std::vector<float> denom;
+};
+
+/// Attention of several query rows whose keys are mostly the same rows of
+/// memory (queries of one sequence, branches of one prefix), so each key row
+/// is read once per pass for all of them. key_at(r, p) / value_at(r, p):
+/// the d-float K / V rows of key p of query row r.
+template <typename KeyAt, typename ValueAt>
+void attend_rows(AttentionScratch& s, int64_t heads, int64_t d, float scale, KeyAt key_at, ValueAt value_at) {
+  const int64_t num_rows = static_cast<int64_t>(s.rows.size());
+  const int64_t cols = num_rows * heads;
+  int64_t widest = 0;
+  for (int64_t r = 1; r < num_rows; ++r)
+    if (s.rows[r].n > s.rows[widest].n) widest = r;
+  const int64_t n_max = s.rows[widest].n;
+  s.scores.resize(static_cast<size_t>(n_max * cols));
+  s.max_score.assign(static_cast<size_t>(cols), -std::numeric_limits<float>::infinity());
+  s.denom.assign(static_cast<size_t>(cols), 0.0f);
+  for (int64_t p = 0; p < n_max; ++p) {
+    if (p + kPrefetchAhead < n_max) prefetch_row(key_at(widest, p + kPrefetchAhead), d);
+    float* scores = s.scores.data() + p * cols;
+    for (int64_t r = 0; r < num_rows; ++r) {
+      if (p >= s.rows[r].n) continue;
+      const float* key = key_at(r, p);
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t c = r * heads + h;
+        scores[c] = dot(s.rows[r].q + h * d, key, d) * scale;
+        s.max_score[c] = std::max(s.max_score[c], scores[c]);
+      }
+    }
+  }
+  for (int64_t p = 0; p < n_max; ++p) {
+    float* scores = s.scores.data() + p * cols;
+    for (int64_t r = 0; r < num_rows; ++r) {
+      if (p >= s.rows[r].n) continue;
+      for (int64_t c = r * heads; c < (r + 1) * heads; ++c) {
+        scores[c] = std::exp(scores[c] - s.max_score[c]);
+        s.denom[c] += scores[c];
+      }
+    }
+  }
+  for (const QueryRow& row : s.rows) std::fill(row.out, row.out + heads * d, 0.0f);
+  const float* vals[kValueTile];
+  for (int64_t p0 = 0; p0 < n_max; p0 += kValueTile) {
+    const int64_t p1 = std::min(n_max, p0 + kValueTile);
+    for (int64_t p = p1; p < std::min(n_max, p1 + kValueTile); ++p) prefetch_row(value_at(widest, p), d);
+    for (int64_t r = 0; r < num_rows; ++r) {
+      const int64_t end = std::min(p1, s.rows[r].n);
+      for (int64_t p = p0; p < end; ++p) vals[p - p0] = value_at(r, p);
+      for (int64_t h = 0; h < heads; ++h)
+        accumulate_values(s.rows[r].out + h * d, d, s.scores.data() + p0 * cols + r * heads + h, cols, vals,
+                          end - p0);
+    }
+  }
+  for (int64_t r = 0; r < num_rows; ++r) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const float inv = 1.0f / s.denom[r * heads + h];
+      float* o = s.rows[r].out + h * d;
+      for (int64_t i = 0; i < d; ++i) o[i] *= inv;
+    }
+  }
+}
+
+/// Runs of consecutive entries of seq[0..n) with the same value, at most
+/// max_run long: the query rows that attend_rows can serve together.
+struct RowRun {
+  int64_t first;
+  int64_t count;
+};
+
+inline std::vector<RowRun> same_sequence_runs(const int32_t* seq, int64_t n, int64_t max_run) {
+  std::vector<RowRun> runs;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!runs.empty() && seq[i] == seq[runs.back().first] && runs.back().count < max_run) ++runs.back().count;
+    else runs.push_back({i, 1});
+  }
+  return runs;
+}
+
+}  // namespace ssd::kernels

@@ -1,0 +1,77 @@
+// Fork attention on NVIDIA GPUs: one query per tree branch over its
+// sequence's prefix pages, then its own path slots, with the schedule of
+// attention_common.cuh. The CPU kernel (kernels/cpu/fork_attention.cpp) is
+// the oracle.
+#include "fork_attention.h"
+
+#include "attention_common.cuh"
+
+namespace ssd::kernels::cuda {
+
+namespace {
+
+using attention::kMaxGroup;
+
+// Keys 0..prefix-1 from the paged cache, then the branch's path slots.
+struct ForkKeys {
+  const float* k;  // cache base + kv_head * D
+  const float* v;
+  const float* path_k;  // this branch's slot 0 + kv_head * D
+  const float* path_v;
+  const int32_t* table;
+  int block_size;
+  int prefix;
+  int64_t row;  // floats per cache slot and per path slot: num_kv_heads * D
+
+  __device__ int64_t offset(int i) const {
+    if (i >= prefix) return (i - prefix) * row;
+    return (static_cast<int64_t>(table[i / block_size]) * block_size + i % block_size) * row;
+  }
+  __device__ const float* k_row(int i) const { return (i < prefix ? k : path_k) + offset(i); }
+  __device__ const float* v_row(int i) const { return (i < prefix ? v : path_v) + offset(i); }
+};
+
+template <int D>
+__global__ void __launch_bounds__(attention::kThreads) fork_attention_kernel(ForkAttentionParams p) {
+  const int64_t n = blockIdx.x;
+  const int kv_head = blockIdx.y;
+  const int group = static_cast<int>(p.num_heads / p.num_kv_heads);
+  const int first = blockIdx.z * kMaxGroup;
+  const int64_t head0 = static_cast<int64_t>(kv_head) * group + first;
+  const int64_t row = p.num_kv_heads * D;
+  const int64_t path0 = n * p.max_path * row + kv_head * D;
+  const ForkKeys keys{p.k_cache + kv_head * D,
+                      p.v_cache + kv_head * D,
+                      p.path_k + path0,
+                      p.path_v + path0,
+                      p.block_tables + static_cast<int64_t>(p.branch_seq[n]) * p.max_blocks,
+                      static_cast<int>(p.block_size),
+                      p.prefix_len[n],
+                      row};
+  attention::attend_block<D>(keys, p.prefix_len[n] + p.path_len[n], p.q + n * p.ldq + head0 * D,
+                             p.out + n * p.ldo + head0 * D, min(kMaxGroup, group - first), p.scale);
+}
+
+bool valid(const ForkAttentionParams& p) {
+  return attention::head_dim_supported(p.head_dim) && p.num_kv_heads > 0 && p.num_kv_heads <= 65535 &&
+         p.num_heads % p.num_kv_heads == 0 && p.block_size > 0 && p.max_path > 0 &&
+         p.num_branches <= 0x7fffffff && attention::aligned16(p.k_cache) && attention::aligned16(p.v_cache) &&
+         attention::aligned16(p.path_k) && attention::aligned16(p.path_v);
+}
+
+}  // namespace
+
+cudaError_t fork_attention(const ForkAttentionParams& params, cudaStream_t stream) {
+  if (params.num_branches == 0) return cudaSuccess;
+  if (!valid(params)) return cudaErrorInvalidValue;
+  const int64_t group = params.num_heads / params.num_kv_heads;
+  const dim3 grid(static_cast<unsigned>(params.num_branches), static_cast<unsigned>(params.num_kv_heads),
+                  static_cast<unsigned>((group + kMaxGroup - 1) / kMaxGroup));
+  if (params.head_dim == 64)
+    fork_attention_kernel<64><<<grid, attention::kThreads, 0, stream>>>(params);
+  else
+    fork_attention_kernel<128><<<grid, attention::kThreads, 0, stream>>>(params);
+  return cudaGetLastError();
+}
+
+}  // namespace ssd::kernels::cuda

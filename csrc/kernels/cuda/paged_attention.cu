@@ -1,0 +1,64 @@
+// Paged attention on NVIDIA GPUs (prefill, decode and multi-token verify in
+// one launch): the schedule of attention_common.cuh over a sequence's paged
+// cache. The CPU kernel (kernels/cpu/paged_attention.cpp) is the oracle.
+#include "paged_attention.h"
+
+#include "attention_common.cuh"
+
+namespace ssd::kernels::cuda {
+
+namespace {
+
+using attention::kMaxGroup;
+
+// Positions of one sequence, for one kv head, through its block table.
+struct PagedKeys {
+  const float* k;  // cache base + kv_head * D
+  const float* v;
+  const int32_t* table;
+  int block_size;
+  int64_t row;  // floats per cache slot: num_kv_heads * D
+
+  __device__ int64_t slot(int i) const {
+    return static_cast<int64_t>(table[i / block_size]) * block_size + i % block_size;
+  }
+  __device__ const float* k_row(int i) const { return k + slot(i) * row; }
+  __device__ const float* v_row(int i) const { return v + slot(i) * row; }
+};
+
+template <int D>
+__global__ void __launch_bounds__(attention::kThreads) paged_attention_kernel(PagedAttentionParams p) {
+  const int64_t t = blockIdx.x;
+  const int kv_head = blockIdx.y;
+  const int group = static_cast<int>(p.num_heads / p.num_kv_heads);
+  const int first = blockIdx.z * kMaxGroup;
+  const int64_t head0 = static_cast<int64_t>(kv_head) * group + first;
+  const PagedKeys keys{p.k_cache + kv_head * D, p.v_cache + kv_head * D,
+                       p.block_tables + static_cast<int64_t>(p.seq_of_token[t]) * p.max_blocks,
+                       static_cast<int>(p.block_size), p.num_kv_heads * D};
+  attention::attend_block<D>(keys, p.positions[t] + 1, p.q + t * p.ldq + head0 * D, p.out + t * p.ldo + head0 * D,
+                             min(kMaxGroup, group - first), p.scale);
+}
+
+bool valid(const PagedAttentionParams& p) {
+  return attention::head_dim_supported(p.head_dim) && p.num_kv_heads > 0 && p.num_kv_heads <= 65535 &&
+         p.num_heads % p.num_kv_heads == 0 && p.block_size > 0 && p.num_tokens <= 0x7fffffff &&
+         attention::aligned16(p.k_cache) && attention::aligned16(p.v_cache);
+}
+
+}  // namespace
+
+cudaError_t paged_attention(const PagedAttentionParams& params, cudaStream_t stream) {
+  if (params.num_tokens == 0) return cudaSuccess;
+  if (!valid(params)) return cudaErrorInvalidValue;
+  const int64_t group = params.num_heads / params.num_kv_heads;
+  const dim3 grid(static_cast<unsigned>(params.num_tokens), static_cast<unsigned>(params.num_kv_heads),
+                  static_cast<unsigned>((group + kMaxGroup - 1) / kMaxGroup));
+  if (params.head_dim == 64)
+    paged_attention_kernel<64><<<grid, attention::kThreads, 0, stream>>>(params);
+  else
+    paged_attention_kernel<128><<<grid, attention::kThreads, 0, stream>>>(params);
+  return cudaGetLastError();
+}
+
+}  // namespace ssd::kernels::cuda

@@ -1,0 +1,39 @@
+// CUDA paged attention: the launcher of kernels/cuda/paged_attention.cu.
+// Plain C++ (no torch), includable from host code.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace ssd::kernels::cuda {
+
+/// All pointers are device pointers. Layout as kernels/cpu/paged_attention.h:
+/// q, out [num_tokens, ld] with num_heads * head_dim used; k_cache, v_cache
+/// [blocks, block_size, num_kv_heads, head_dim] contiguous; block_tables
+/// [num_seqs, max_blocks]; query t attends to positions 0..positions[t] of
+/// sequence seq_of_token[t]. Indices are trusted (not checked on the device).
+struct PagedAttentionParams {
+  const float* q = nullptr;
+  int64_t ldq = 0;
+  float* out = nullptr;
+  int64_t ldo = 0;
+  const float* k_cache = nullptr;
+  const float* v_cache = nullptr;
+  int64_t num_tokens = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;  ///< 64 or 128
+  int64_t block_size = 0;
+  const int32_t* block_tables = nullptr;
+  int64_t max_blocks = 0;
+  const int32_t* seq_of_token = nullptr;
+  const int32_t* positions = nullptr;
+  float scale = 1.0f;
+};
+
+/// Enqueues the kernel on `stream`; cudaErrorInvalidValue for unsupported
+/// shapes or misaligned pointers, else the launch error.
+cudaError_t paged_attention(const PagedAttentionParams& params, cudaStream_t stream);
+
+}  // namespace ssd::kernels::cuda

@@ -1,0 +1,134 @@
+"""torch.ops.ssd.paged_attention against the dense reference, on CPU and (marked cuda) on GPU."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ssd._C  # noqa: F401  registers torch.ops.ssd
+from tests.reference.paged_attention_ref import paged_attention_ref, random_paged_cache
+
+NUM_KV_HEADS = 2
+
+
+def make_inputs(group: int, head_dim: int, block_size: int, seed: int = 0, row_pad: int = 0):
+    """A mixed batch over four sequences, tokens interleaved:
+    a prefill (positions 0..259), a single decode at 199, a 5-token chunk at
+    120..124 on a cached prefix, and a decode at position 0.
+    row_pad > 0 gives q and out rows with a stride larger than Hq * D.
+    """
+    g = torch.Generator().manual_seed(seed)
+    seq_lens = [260, 200, 125, 1]
+    k_cache, v_cache, tables = random_paged_cache(seq_lens, block_size, NUM_KV_HEADS, head_dim, g)
+    seqs = [torch.full((260,), 0), torch.tensor([1]), torch.full((5,), 2), torch.tensor([3])]
+    poss = [torch.arange(260), torch.tensor([199]), torch.arange(120, 125), torch.tensor([0])]
+    order = torch.randperm(267, generator=g)
+    seq_of_token = torch.cat(seqs)[order].to(torch.int32)
+    positions = torch.cat(poss)[order].to(torch.int32)
+    heads = NUM_KV_HEADS * group
+    width = heads * head_dim
+    q = torch.randn(267, width + row_pad, generator=g)[:, :width].view(267, heads, head_dim)
+    out = torch.full((267, width + row_pad), float("nan"))[:, :width].view(267, heads, head_dim)
+    return q, k_cache, v_cache, tables, seq_of_token, positions, head_dim**-0.5, out
+
+
+def run(args):
+    torch.ops.ssd.paged_attention(*args)
+    return args[-1]
+
+
+@pytest.mark.parametrize("block_size", [16, 256])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("group", [1, 4, 8])
+def test_matches_reference(group, head_dim, block_size):
+    args = make_inputs(group, head_dim, block_size, seed=group * 1000 + head_dim + block_size, row_pad=8)
+    out = run(args)
+    ref = paged_attention_ref(*args[:-1])
+    torch.testing.assert_close(out, ref.float(), atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("head_dim", [40, 80])
+def test_head_dims_off_the_vector_width(head_dim):
+    """CPU only: head_dim that is not a multiple of 64 exercises the tail loops."""
+    args = make_inputs(4, head_dim, 16, seed=head_dim)
+    torch.testing.assert_close(run(args), paged_attention_ref(*args[:-1]).float(), atol=2e-5, rtol=1e-5)
+
+
+def test_reference_detects_wrong_keys():
+    """Negative control: a mask one position short, or two swapped blocks, is far outside the tolerance."""
+    q, k_cache, v_cache, tables, seq_of_token, positions, scale, out = args = make_inputs(4, 64, 16)
+    run(args)
+    short = paged_attention_ref(q, k_cache, v_cache, tables, seq_of_token, (positions - 1).clamp(min=0), scale)
+    swapped = tables.clone()
+    swapped[0, [2, 5]] = swapped[0, [5, 2]]
+    misplaced = paged_attention_ref(q, k_cache, v_cache, swapped, seq_of_token, positions, scale)
+    for wrong in (short, misplaced):
+        assert not torch.allclose(out, wrong.float(), atol=2e-5, rtol=1e-5)
+
+
+def test_row_independent_of_batch_and_threads():
+    """Each token alone, and the batch on 1 thread, give the batch's bits exactly."""
+    q, k_cache, v_cache, tables, seq_of_token, positions, scale, out = args = make_inputs(4, 128, 16)
+    batched = run(args).clone()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(run(args), batched)
+    finally:
+        torch.set_num_threads(threads)
+    for t in range(0, q.shape[0], 7):
+        alone = torch.empty_like(q[t : t + 1])
+        torch.ops.ssd.paged_attention(q[t : t + 1], k_cache, v_cache, tables, seq_of_token[t : t + 1],
+                                      positions[t : t + 1], scale, alone)
+        assert torch.equal(alone[0], batched[t]), f"token {t}"
+
+
+def test_opcheck():
+    q, k_cache, v_cache, tables, seq_of_token, positions, scale, out = make_inputs(4, 64, 16)
+    keep = slice(0, 24)
+    args = (q[keep].contiguous(), k_cache, v_cache, tables, seq_of_token[keep], positions[keep], scale,
+            torch.empty_like(q[keep]))
+    torch.library.opcheck(torch.ops.ssd.paged_attention.default, args)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda a: a.__setitem__(0, a[0].double()), "q must be float32"),
+        (lambda a: a.__setitem__(2, a[2][:-1]), "same shape"),
+        (lambda a: a.__setitem__(3, a[3].long()), "block_tables must be int32"),
+        (lambda a: a.__setitem__(5, a[5][:-1]), "positions must have"),
+        (lambda a: a[4].__setitem__(0, 9), r"seq_of_token\[0\] = 9"),
+        (lambda a: a[5].__setitem__(0, 100000), "beyond its block table"),
+        (lambda a: a[5].__setitem__(0, -1), "is negative"),
+        (lambda a: a[3].__setitem__((0, 0), 10**6), "is not a cache block"),
+        (lambda a: a.__setitem__(7, a[7][:, :1]), "out must have"),
+    ],
+)
+def test_rejects_bad_arguments(change, message):
+    args = list(make_inputs(1, 64, 16))
+    change(args)
+    with pytest.raises(RuntimeError, match=message):
+        run(args)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("block_size", [16, 256])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("group", [1, 4, 8])
+def test_cuda_matches_cpu(group, head_dim, block_size):
+    args = make_inputs(group, head_dim, block_size, seed=group + head_dim + block_size, row_pad=8)
+    expected = run(args).clone()
+    cuda_args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
+    torch.testing.assert_close(run(cuda_args).cpu(), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.cuda
+def test_cuda_row_independent_of_batch():
+    args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in make_inputs(8, 128, 16)]
+    q, k_cache, v_cache, tables, seq_of_token, positions, scale, out = args
+    batched = run(args).clone()
+    for t in range(0, q.shape[0], 5):
+        alone = torch.empty_like(q[t : t + 1])
+        torch.ops.ssd.paged_attention(q[t : t + 1], k_cache, v_cache, tables, seq_of_token[t : t + 1],
+                                      positions[t : t + 1], scale, alone)
+        assert torch.equal(alone[0], batched[t]), f"token {t}"
