@@ -1,0 +1,10 @@
+"""Test and benchmark helpers that need real models (nothing heavy at import).
+
+``regime_pair(acceptance, cost_ratio)``: a constructed draft/target pair from
+SmolLM2-135M-Instruct with the paper's acceptance and cost structure.
+"""
+from .regime import (RegimePair, agreement_text, calibration_prompts, chat_samples,
+                     coherence_measure, regime_pair, top1_agreement)
+
+__all__ = ["RegimePair", "agreement_text", "calibration_prompts", "chat_samples",
+           "coherence_measure", "regime_pair", "top1_agreement"]
