@@ -171,6 +171,10 @@ def _build(root: Path, acceptance: float, cost_ratio: float, seed: int,
 
     info = _pair_info(acceptance, cost_ratio, seed, gguf, config, plan, calib, measured, coherence)
     info["build_seconds"] = round(time.perf_counter() - started, 1)
+    if not info["coherence"]["target_coherent"]:
+        logger.warning("regime pair %s: the target's greedy chat replies look incoherent "
+                       "(see pair.json 'coherence'); agreement may be inflated by repetition",
+                       root.name)
     (staging / "pair.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     shutil.rmtree(root, ignore_errors=True)  # a partial or stale build
     staging.rename(root)
