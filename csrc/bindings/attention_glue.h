@@ -153,4 +153,24 @@ void run_units(int64_t units, int64_t work, const F& fn) {
   pool.parallel_for(units, 1, fn);
 }
 
+/// Fills the fields the CUDA paged and fork attention params share: the
+/// queries, the output and the paged cache with its block tables.
+template <typename Params>
+void fill_cache_params(Params& p, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                       const at::Tensor& block_tables, double scale, const at::Tensor& out) {
+  p.q = q.data_ptr<float>();
+  p.ldq = q.stride(0);
+  p.out = out.data_ptr<float>();
+  p.ldo = out.stride(0);
+  p.k_cache = k_cache.data_ptr<float>();
+  p.v_cache = v_cache.data_ptr<float>();
+  p.num_heads = q.size(1);
+  p.num_kv_heads = k_cache.size(2);
+  p.head_dim = q.size(2);
+  p.block_size = k_cache.size(1);
+  p.block_tables = block_tables.data_ptr<int32_t>();
+  p.max_blocks = block_tables.size(1);
+  p.scale = static_cast<float>(scale);
+}
+
 }  // namespace ssd::attention

@@ -22,22 +22,10 @@ void paged_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const 
               q.size(2));
   const c10::cuda::CUDAGuard guard(q.device());
   kernels::cuda::PagedAttentionParams p;
-  p.q = q.data_ptr<float>();
-  p.ldq = q.stride(0);
-  p.out = out.data_ptr<float>();
-  p.ldo = out.stride(0);
-  p.k_cache = k_cache.data_ptr<float>();
-  p.v_cache = v_cache.data_ptr<float>();
+  attention::fill_cache_params(p, q, k_cache, v_cache, block_tables, scale, out);
   p.num_tokens = q.size(0);
-  p.num_heads = q.size(1);
-  p.num_kv_heads = k_cache.size(2);
-  p.head_dim = q.size(2);
-  p.block_size = k_cache.size(1);
-  p.block_tables = block_tables.data_ptr<int32_t>();
-  p.max_blocks = block_tables.size(1);
   p.seq_of_token = seq_of_token.data_ptr<int32_t>();
   p.positions = positions.data_ptr<int32_t>();
-  p.scale = static_cast<float>(scale);
   const cudaError_t err = kernels::cuda::paged_attention(p, at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "paged_attention CUDA kernel: ", cudaGetErrorString(err));
 }
