@@ -63,6 +63,12 @@ EngineConfig engine_config_from(const py::dict& d) {
   get(d, "draft_device", c.draft_device);
   get(d, "draft_threads", c.draft_threads);
   get(d, "k", c.k);
+  get(d, "fanout_list", c.fanout_list);
+  get(d, "fanout_budget", c.fanout_budget);
+  get(d, "saguaro_c", c.saguaro_c);
+  get(d, "fallback", c.fallback);
+  get(d, "always_miss", c.always_miss);
+  get(d, "draft_matmul_min_rows", c.draft_matmul_min_rows);
   c.validate();
   return c;
 }
@@ -82,6 +88,19 @@ SamplingParams sampling_params_from(const py::dict& d) {
   return p;
 }
 
+void add_speed(py::dict& d, const SpeedMetrics& m) {
+  d["acceptance_rate"] = m.acceptance_rate;
+  d["mean_accepted_len"] = m.mean_accepted_len;
+  d["tokens_per_round"] = m.tokens_per_round;
+  d["cache_hit_rate"] = m.cache_hit_rate;
+  d["e_hit"] = m.e_hit;
+  d["e_miss"] = m.e_miss;
+  d["t_p"] = m.t_p;
+  d["t_b"] = m.t_b;
+  d["predicted_speedup"] = m.predicted_speedup;
+  d["target_busy_fraction"] = m.target_busy_fraction;
+}
+
 py::dict metrics_dict(const RequestMetrics& m) {
   py::dict d;
   d["prompt_tokens"] = m.prompt_tokens;
@@ -93,6 +112,13 @@ py::dict metrics_dict(const RequestMetrics& m) {
   d["rounds"] = m.rounds;
   d["draft_tokens_proposed"] = m.draft_tokens_proposed;
   d["draft_tokens_accepted"] = m.draft_tokens_accepted;
+  d["cache_lookups"] = m.cache_lookups;
+  d["cache_hits"] = m.cache_hits;
+  d["fallback_neural"] = m.fallback_neural;
+  d["fallback_fast"] = m.fallback_fast;
+  d["hit_tokens"] = m.hit_tokens;
+  d["miss_tokens"] = m.miss_tokens;
+  add_speed(d, speed_metrics(m));
   return d;
 }
 
@@ -112,6 +138,27 @@ py::dict stats_dict(const EngineStats& s) {
   d["draft_tokens_proposed"] = s.draft_tokens_proposed;
   d["draft_tokens_accepted"] = s.draft_tokens_accepted;
   d["forward_seconds"] = s.forward_seconds;
+  d["cache_lookups"] = s.cache_lookups;
+  d["cache_hits"] = s.cache_hits;
+  d["fallback_neural"] = s.fallback_neural;
+  d["fallback_fast"] = s.fallback_fast;
+  d["hit_tokens"] = s.hit_tokens;
+  d["miss_tokens"] = s.miss_tokens;
+  d["kv_commits"] = s.kv_commits;
+  d["tree_branches"] = s.tree_branches;
+  d["fanout_budget"] = s.fanout_budget;
+  d["fanout"] = s.fanout;
+  d["acceptance_estimate"] = s.acceptance_estimate;
+  d["miss_exponent"] = s.miss_exponent;
+  d["verify_steps"] = s.verify_steps;
+  d["verify_seconds"] = s.verify_seconds;
+  d["active_seconds"] = s.active_seconds;
+  d["target_wait_seconds"] = s.target_wait_seconds;
+  d["draft_rounds"] = s.draft_rounds;
+  d["draft_round_seconds"] = s.draft_round_seconds;
+  d["fallback_batches"] = s.fallback_batches;
+  d["fallback_seconds"] = s.fallback_seconds;
+  add_speed(d, speed_metrics(s));
   return d;
 }
 
@@ -135,6 +182,29 @@ PYBIND11_MODULE(_C, m) {
     }
   });
 
+  m.def("speed_metrics", [](const py::dict& d) {
+    // The speed model over counters (e.g. deltas of LLM.stats() between two points).
+    EngineStats s;
+    get(d, "rounds", s.rounds);
+    get(d, "draft_tokens_proposed", s.draft_tokens_proposed);
+    get(d, "draft_tokens_accepted", s.draft_tokens_accepted);
+    get(d, "generated_tokens", s.generated_tokens);
+    get(d, "cache_lookups", s.cache_lookups);
+    get(d, "cache_hits", s.cache_hits);
+    get(d, "hit_tokens", s.hit_tokens);
+    get(d, "miss_tokens", s.miss_tokens);
+    get(d, "verify_steps", s.verify_steps);
+    get(d, "verify_seconds", s.verify_seconds);
+    get(d, "draft_rounds", s.draft_rounds);
+    get(d, "draft_round_seconds", s.draft_round_seconds);
+    get(d, "fallback_batches", s.fallback_batches);
+    get(d, "fallback_seconds", s.fallback_seconds);
+    get(d, "forward_seconds", s.forward_seconds);
+    get(d, "active_seconds", s.active_seconds);
+    py::dict out;
+    add_speed(out, speed_metrics(s));
+    return out;
+  });
   m.def("validate_model_config", [](const py::dict& d) { model_config_from(d); });
   m.def("validate_engine_config", [](const py::dict& d) { engine_config_from(d); });
   m.def("validate_sampling_params",
@@ -153,6 +223,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("num_blocks"), py::arg("block_size"), py::arg("num_threads") = 1)
       .def("add_sequence", &model::SequenceRunner::add_sequence)
       .def("extend", &model::SequenceRunner::extend, py::arg("batch"), py::arg("all_logits") = true,
+           py::arg("matmul_min_rows") = 0,
            py::call_guard<py::gil_scoped_release>())
       .def("truncate", &model::SequenceRunner::truncate)
       .def("free", &model::SequenceRunner::free)

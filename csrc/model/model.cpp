@@ -108,10 +108,31 @@ Model::Model(const ModelConfig& config, const WeightMap& w) : config_(config) {
   inv_freq_ = rope_inv_freq(c);
 }
 
+const at::Tensor& Model::matmul_weight(const at::Tensor& w) const {
+  std::lock_guard<std::mutex> lock(matmul_mu_);
+  auto it = matmul_weights_.find(w.data_ptr());
+  if (it == matmul_weights_.end())
+    it = matmul_weights_.emplace(w.data_ptr(), bf16_ ? w : w.to(at::kBFloat16).contiguous()).first;
+  return it->second;
+}
+
 void Model::linear(const float* x, int64_t ldx, const at::Tensor& w, const at::Tensor& bias,
-                   float* y, int64_t ldy, int64_t m, kernels::ThreadPool& pool) const {
+                   float* y, int64_t ldy, int64_t m, kernels::ThreadPool& pool,
+                   int64_t matmul_min_rows) const {
   const float* b = bias.defined() ? bias.data_ptr<float>() : nullptr;
   const int64_t n = w.size(0), k = w.size(1);
+  if (matmul_min_rows > 0 && m >= matmul_min_rows) {
+    const at::Tensor xs = at::from_blob(const_cast<float*>(x), {m, k}, {ldx, 1}, at::kFloat);
+    const at::Tensor out = at::linear(xs.to(at::kBFloat16), matmul_weight(w)).to(at::kFloat);
+    const float* o = out.data_ptr<float>();
+    for (int64_t i = 0; i < m; ++i) {
+      float* yi = y + i * ldy;
+      std::copy(o + i * n, o + (i + 1) * n, yi);
+      if (b != nullptr)
+        for (int64_t j = 0; j < n; ++j) yi[j] += b[j];
+    }
+    return;
+  }
   if (bf16_) {
     kernels::linear(x, ldx, reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), b, y,
                     ldy, m, n, k, pool);
@@ -149,7 +170,7 @@ void Model::attention_block(const Layer& l, int64_t index, const ForwardInput& i
   std::vector<float> attn(static_cast<size_t>(t * q_out));
   kernels::rms_norm(x, h, l.attn_norm.data_ptr<float>(), normed.data(), h, t, h,
                     static_cast<float>(c.rms_norm_eps));
-  linear(normed.data(), h, l.qkv, l.qkv_bias, qkv.data(), width, t, pool);
+  linear(normed.data(), h, l.qkv, l.qkv_bias, qkv.data(), width, t, pool, in.matmul_min_rows);
   float* q = qkv.data();
   float* k = q + q_out;
   float* v = k + kv_out;
@@ -169,19 +190,20 @@ void Model::attention_block(const Layer& l, int64_t index, const ForwardInput& i
                            in.positions.data(), in.block_tables.data(), in.max_blocks,
                            1.0f / std::sqrt(static_cast<float>(d)), pool);
   std::vector<float>& out = normed;  // reuse: [t, h]
-  linear(attn.data(), q_out, l.o, l.o_bias, out.data(), h, t, pool);
+  linear(attn.data(), q_out, l.o, l.o_bias, out.data(), h, t, pool, in.matmul_min_rows);
   for (int64_t i = 0; i < t * h; ++i) x[i] += out[i];
 }
 
-void Model::mlp_block(const Layer& l, int64_t t, float* x, kernels::ThreadPool& pool) const {
+void Model::mlp_block(const Layer& l, int64_t t, float* x, kernels::ThreadPool& pool,
+                      int64_t matmul_min_rows) const {
   const int64_t h = config_.hidden_size, f = config_.intermediate_size;
   std::vector<float> normed(static_cast<size_t>(t * h)), gu(static_cast<size_t>(t * 2 * f));
   std::vector<float> act(static_cast<size_t>(t * f));
   kernels::rms_norm(x, h, l.mlp_norm.data_ptr<float>(), normed.data(), h, t, h,
                     static_cast<float>(config_.rms_norm_eps));
-  linear(normed.data(), h, l.gate_up, l.gate_up_bias, gu.data(), 2 * f, t, pool);
+  linear(normed.data(), h, l.gate_up, l.gate_up_bias, gu.data(), 2 * f, t, pool, matmul_min_rows);
   kernels::silu_mul(gu.data(), act.data(), t, f);
-  linear(act.data(), f, l.down, l.down_bias, normed.data(), h, t, pool);
+  linear(act.data(), f, l.down, l.down_bias, normed.data(), h, t, pool, matmul_min_rows);
   for (int64_t i = 0; i < t * h; ++i) x[i] += normed[i];
 }
 
@@ -196,7 +218,7 @@ at::Tensor Model::forward(const ForwardInput& in, KvCache& cache, kernels::Threa
   embed(in.tokens, x.data());
   for (int64_t i = 0; i < c.num_layers; ++i) {
     attention_block(layers_[i], i, in, cache, x.data(), pool);
-    mlp_block(layers_[i], t, x.data(), pool);
+    mlp_block(layers_[i], t, x.data(), pool, in.matmul_min_rows);
   }
   std::vector<float> last(static_cast<size_t>(rows * h));
   for (int64_t r = 0; r < rows; ++r) {
@@ -205,7 +227,8 @@ at::Tensor Model::forward(const ForwardInput& in, KvCache& cache, kernels::Threa
     kernels::rms_norm(x.data() + row * h, h, final_norm_.data_ptr<float>(), last.data() + r * h, h, 1,
                       h, static_cast<float>(c.rms_norm_eps));
   }
-  linear(last.data(), h, lm_head_, at::Tensor(), logits.data_ptr<float>(), c.vocab_size, rows, pool);
+  linear(last.data(), h, lm_head_, at::Tensor(), logits.data_ptr<float>(), c.vocab_size, rows, pool,
+         in.matmul_min_rows);
   return logits;
 }
 

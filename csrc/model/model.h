@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -25,6 +26,11 @@ struct ForwardInput {
   std::vector<int32_t> block_tables;  ///< [num_seqs, max_blocks], row-major
   int64_t max_blocks = 0;
   std::vector<int32_t> logit_rows;    ///< rows of the batch whose logits are wanted
+  /// > 0: matrix products over at least this many rows go through ATen's
+  /// bf16 matmul (AMX on CPUs that have it: 8 rows cost about one). Results
+  /// are then NOT batch-invariant and carry bf16 rounding, so only the draft
+  /// uses it, for its tree; exactness never depends on the draft's numerics.
+  int64_t matmul_min_rows = 0;
 };
 
 using WeightMap = std::unordered_map<std::string, at::Tensor>;
@@ -49,17 +55,22 @@ class Model {
   };
 
   void linear(const float* x, int64_t ldx, const at::Tensor& w, const at::Tensor& bias, float* y,
-              int64_t ldy, int64_t m, kernels::ThreadPool& pool) const;
+              int64_t ldy, int64_t m, kernels::ThreadPool& pool, int64_t matmul_min_rows = 0) const;
+  /// The bf16 copy of a weight matrix for the matmul path (made on first use).
+  const at::Tensor& matmul_weight(const at::Tensor& w) const;
   void embed(const std::vector<int32_t>& tokens, float* out) const;
   void attention_block(const Layer& layer, int64_t index, const ForwardInput& input,
                        KvCache& cache, float* x, kernels::ThreadPool& pool) const;
-  void mlp_block(const Layer& layer, int64_t tokens, float* x, kernels::ThreadPool& pool) const;
+  void mlp_block(const Layer& layer, int64_t tokens, float* x, kernels::ThreadPool& pool,
+                 int64_t matmul_min_rows) const;
 
   ModelConfig config_;
   bool bf16_ = false;
   at::Tensor embed_, final_norm_, lm_head_;
   std::vector<Layer> layers_;
   std::vector<float> inv_freq_;
+  mutable std::mutex matmul_mu_;
+  mutable std::unordered_map<const void*, at::Tensor> matmul_weights_;
 };
 
 /// Rotary inverse frequencies [head_dim / 2], with llama3 scaling applied.

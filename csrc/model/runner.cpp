@@ -34,8 +34,9 @@ std::vector<int32_t> SequenceRunner::block_table(int64_t seq) const {
 }
 
 at::Tensor SequenceRunner::extend(const std::vector<std::pair<int64_t, std::vector<int32_t>>>& batch,
-                                  bool all_logits) {
+                                  bool all_logits, int64_t matmul_min_rows) {
   ForwardInput in;
+  in.matmul_min_rows = matmul_min_rows;
   std::vector<State*> states;
   for (const auto& [id, tokens] : batch) {
     State& s = state(id);

@@ -25,9 +25,10 @@ class SequenceRunner {
   /// Appends tokens to several sequences in ONE forward; returns logits
   /// [total new tokens, vocab] in input order (only each sequence's last row
   /// when all_logits is false). Throws std::invalid_argument on unknown ids
-  /// or when the cache is full (nothing is changed then).
+  /// or when the cache is full (nothing is changed then). matmul_min_rows:
+  /// see ForwardInput (0: the batch-invariant kernels only).
   at::Tensor extend(const std::vector<std::pair<int64_t, std::vector<int32_t>>>& batch,
-                    bool all_logits);
+                    bool all_logits, int64_t matmul_min_rows = 0);
   /// Drops positions >= length (their blocks return to the free list).
   void truncate(int64_t seq, int64_t length);
   void free(int64_t seq);

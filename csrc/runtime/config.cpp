@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -78,6 +79,70 @@ void EngineConfig::validate() const {
   positive("target_threads", target_threads);
   positive("draft_threads", draft_threads);
   positive("k", k);
+  if (k > 32) bad("k", "must be <= 32, got " + std::to_string(k));
+  if (!fanout_list.empty()) {
+    if (static_cast<int64_t>(fanout_list.size()) != k + 1)
+      bad("fanout", "an explicit fan-out lists F_0..F_K, so k + 1 = " + std::to_string(k + 1) +
+                        " values; got " + std::to_string(fanout_list.size()));
+    int64_t sum = 0;
+    for (int64_t f : fanout_list) {
+      if (f < 0 || f > 256) bad("fanout", "every F_j must be in [0, 256], got " + std::to_string(f));
+      sum += f;
+    }
+    if (sum < 1) bad("fanout", "the fan-out must prepare at least one branch (sum F_j >= 1)");
+  }
+  if (fanout_budget < 0 || fanout_budget > 1024)
+    bad("fanout_budget", "must be 'auto' (0) or an integer in [1, 1024], got " + std::to_string(fanout_budget));
+  if (!fanout_list.empty() && fanout_budget != 0)
+    bad("fanout_budget", "give either an explicit fan-out list or a budget, not both");
+  if (!(saguaro_c >= 0 && saguaro_c <= 1))
+    bad("saguaro_c", "must be in [0, 1] (1 is plain sampling), got " + std::to_string(saguaro_c));
+  if (draft_matmul_min_rows < 0)
+    bad("draft_matmul_min_rows", "must be >= 0 (0 turns the matmul path off), got " +
+                                     std::to_string(draft_matmul_min_rows));
+  if (fallback != "auto" && fallback != "neural" && fallback != "fast")
+    bad("fallback", "must be 'auto', 'neural' or 'fast', got '" + fallback + "'");
+}
+
+namespace {
+
+double ratio(double a, double b) { return b > 0 ? a / b : 0.0; }
+
+SpeedMetrics counting_metrics(int64_t rounds, int64_t proposed, int64_t accepted, int64_t lookups,
+                              int64_t hits, int64_t hit_tokens, int64_t miss_tokens,
+                              int64_t generated) {
+  SpeedMetrics m;
+  m.acceptance_rate = ratio(static_cast<double>(accepted), static_cast<double>(proposed));
+  m.mean_accepted_len = ratio(static_cast<double>(accepted), static_cast<double>(rounds));
+  m.tokens_per_round = ratio(static_cast<double>(generated), static_cast<double>(rounds));
+  m.cache_hit_rate = ratio(static_cast<double>(hits), static_cast<double>(lookups));
+  m.e_hit = ratio(static_cast<double>(hit_tokens), static_cast<double>(hits));
+  m.e_miss = ratio(static_cast<double>(miss_tokens), static_cast<double>(lookups - hits));
+  return m;
+}
+
+}  // namespace
+
+double predicted_speedup(double p_hit, double e_hit, double e_miss, double t_p, double t_b) {
+  const double time = p_hit * std::max(1.0, t_p) + (1.0 - p_hit) * (1.0 + t_b);
+  return ratio(p_hit * e_hit + (1.0 - p_hit) * e_miss, time);
+}
+
+SpeedMetrics speed_metrics(const EngineStats& s) {
+  SpeedMetrics m = counting_metrics(s.rounds, s.draft_tokens_proposed, s.draft_tokens_accepted,
+                                    s.cache_lookups, s.cache_hits, s.hit_tokens, s.miss_tokens,
+                                    s.generated_tokens);
+  const double verify = ratio(s.verify_seconds, static_cast<double>(s.verify_steps));
+  m.t_p = ratio(ratio(s.draft_round_seconds, static_cast<double>(s.draft_rounds)), verify);
+  m.t_b = ratio(ratio(s.fallback_seconds, static_cast<double>(s.fallback_batches)), verify);
+  if (s.cache_lookups > 0) m.predicted_speedup = predicted_speedup(m.cache_hit_rate, m.e_hit, m.e_miss, m.t_p, m.t_b);
+  m.target_busy_fraction = ratio(s.forward_seconds, s.active_seconds);
+  return m;
+}
+
+SpeedMetrics speed_metrics(const RequestMetrics& r) {
+  return counting_metrics(r.rounds, r.draft_tokens_proposed, r.draft_tokens_accepted, r.cache_lookups,
+                          r.cache_hits, r.hit_tokens, r.miss_tokens, r.generated_tokens);
 }
 
 int64_t EngineConfig::num_kv_blocks() const {

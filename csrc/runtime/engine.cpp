@@ -4,6 +4,7 @@
 #include <cmath>
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -18,6 +19,7 @@
 #include "../kernels/cpu/verify.h"
 #include "drafter.h"
 #include "scheduler.h"
+#include "ssd_worker.h"
 
 namespace ssd {
 
@@ -30,6 +32,21 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
+/// The proposals one speculative chunk verifies this round.
+struct Proposal {
+  std::vector<int64_t> tokens;  ///< the count proposals verified
+  const float* q = nullptr;     ///< [count, vocab] exact rows; unused when one_hot
+  bool one_hot = false;
+  int source = -1;              ///< ssd: a runtime::SpecSource; -1 in sd
+};
+
+struct RoundResult {
+  int64_t emitted = 0;
+  int64_t accepted = 0;
+  int32_t bonus = 0;
+  bool finished = false;
+};
+
 }  // namespace
 
 class Engine::Impl {
@@ -39,13 +56,20 @@ class Engine::Impl {
       : config_(config), model_(std::move(target)), eos_(std::move(eos)) {
     config_.validate();
     if (!model_) throw std::invalid_argument("target model is null");
+    // Fault injection for the tests that prove the law tests can fail:
+    // SSD_TEST_FAULT=fast_argmax verifies one-hot (fast fallback) proposals
+    // greedily whatever the temperature, which breaks the output law.
+    if (const char* fault = std::getenv("SSD_TEST_FAULT")) fault_fast_argmax_ = std::string(fault) == "fast_argmax";
     check_draft(draft.get());
     cache_ = std::make_unique<model::KvCache>(model_->config(), config_.num_kv_blocks(),
                                               config_.kv_block_size);
     int64_t lookahead = 0;
     if (draft) {
-      drafter_ = std::make_unique<runtime::Drafter>(std::move(draft), config_.num_kv_blocks(),
-                                                    config_.kv_block_size, config_.draft_threads);
+      if (config_.mode == "ssd")
+        worker_ = std::make_unique<runtime::DraftWorker>(config_, std::move(draft));
+      else
+        drafter_ = std::make_unique<runtime::Drafter>(std::move(draft), config_.num_kv_blocks(),
+                                                      config_.kv_block_size, config_.draft_threads);
       lookahead = config_.k;
     }
     scheduler_ = std::make_unique<runtime::Scheduler>(config_, *cache_, lookahead,
@@ -110,11 +134,29 @@ class Engine::Impl {
     if (thread_.joinable()) thread_.join();
     pool_.reset();  // no thread outlives shutdown
     drafter_.reset();
+    if (worker_) worker_->stop();
   }
 
   EngineStats stats() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return stats_;
+    EngineStats s;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      s = stats_;
+    }
+    if (worker_) {
+      const runtime::DraftWorkerStats w = worker_->stats();
+      s.kv_commits = w.kv_commits;
+      s.tree_branches = w.tree_branches;
+      s.fanout_budget = w.fanout_budget;
+      s.fanout = w.fanout;
+      s.acceptance_estimate = w.acceptance_estimate;
+      s.miss_exponent = w.miss_exponent;
+      s.draft_rounds = w.tree_rounds;
+      s.draft_round_seconds = w.tree_seconds;
+      s.fallback_batches = w.fallback_batches;
+      s.fallback_seconds = w.fallback_seconds;
+    }
+    return s;
   }
 
   void check_draft(const model::Model* draft) const {
@@ -122,8 +164,6 @@ class Engine::Impl {
       if (draft) throw std::invalid_argument("mode: 'ar' takes no draft model (use 'sd')");
       return;
     }
-    if (config_.mode == "ssd")
-      throw std::invalid_argument("mode: 'ssd' is not available yet; use 'sd' or 'ar'");
     if (!draft) throw std::invalid_argument("mode: '" + config_.mode + "' needs a draft model");
     const int64_t v_tgt = model_->config().vocab_size, v_dft = draft->config().vocab_size;
     if (v_tgt != v_dft)
@@ -173,30 +213,26 @@ class Engine::Impl {
   }
 
   void step(std::vector<Response>& responses) {
+    const auto t_step = Clock::now();
     runtime::ScheduleResult plan = scheduler_->schedule();
+    for (Sequence* seq : plan.preempted) release_draft(seq);
     for (Sequence* seq : plan.failed) finish(seq, FinishReason::kError, plan.failure, responses);
-    if (plan.chunks.empty()) return;
-    std::vector<runtime::Sequence*> spec_seqs;
-    std::vector<int64_t> spec_counts;
-    for (const auto& c : plan.chunks)
-      if (c.speculative) {
-        spec_seqs.push_back(c.seq);
-        spec_counts.push_back(c.draft_tokens);
-      }
-    runtime::DraftBatch drafts;
-    std::vector<std::vector<int32_t>> extra(plan.chunks.size());
-    try {
-      if (!spec_seqs.empty()) drafts = drafter_->draft(spec_seqs, spec_counts);
-    } catch (const std::exception& e) {
-      for (Sequence* seq : spec_seqs) finish(seq, FinishReason::kError, std::string("draft failed: ") + e.what(), responses);
+    if (plan.chunks.empty()) {
+      flush_to_draft();
       return;
     }
-    for (size_t i = 0, b = 0; i < plan.chunks.size(); ++i) {
-      if (!plan.chunks[i].speculative) continue;
-      for (int64_t j = 0; j < drafts.counts[b]; ++j)
-        extra[i].push_back(static_cast<int32_t>(drafts.tokens[b * drafts.k + j]));
-      ++b;
+    std::vector<Proposal> proposals(plan.chunks.size());
+    runtime::DraftBatch drafts;  // sd: owns the q rows the proposals point at
+    double wait_s = 0.0;
+    if (worker_) {
+      wait_s = await_speculations(plan.chunks, proposals, responses);
+    } else if (!draft_sync(plan.chunks, proposals, drafts, responses)) {
+      return;
     }
+    if (plan.chunks.empty()) return;
+    std::vector<std::vector<int32_t>> extra(plan.chunks.size());
+    for (size_t i = 0; i < plan.chunks.size(); ++i)
+      for (int64_t t : proposals[i].tokens) extra[i].push_back(static_cast<int32_t>(t));
     const model::ForwardInput input = scheduler_->build_input(plan.chunks, extra);
     const auto t0 = Clock::now();
     at::Tensor logits;
@@ -205,15 +241,25 @@ class Engine::Impl {
     } catch (const std::exception& e) {
       for (const auto& c : plan.chunks)
         finish(c.seq, FinishReason::kError, std::string("forward failed: ") + e.what(), responses);
+      flush_to_draft();
       return;
     }
     const double forward_s = seconds_since(t0);
-    const int64_t emitted = postprocess(plan.chunks, logits, drafts, responses);
+    bool any_spec = false;
+    for (const auto& c : plan.chunks) any_spec = any_spec || c.speculative;
+    const int64_t emitted = postprocess(plan.chunks, proposals, logits, forward_s, responses);
+    flush_to_draft();
     std::lock_guard<std::mutex> lock(mu_);
     stats_.steps += 1;
     stats_.forward_tokens += static_cast<int64_t>(input.tokens.size());
     stats_.generated_tokens += emitted;
     stats_.forward_seconds += forward_s;
+    if (any_spec) {
+      stats_.verify_steps += 1;
+      stats_.verify_seconds += forward_s;
+    }
+    stats_.target_wait_seconds += wait_s;
+    stats_.active_seconds += seconds_since(t_step);
     stats_.peak_batch = std::max<int64_t>(stats_.peak_batch, static_cast<int64_t>(plan.chunks.size()));
     stats_.num_preemptions = scheduler_->num_preemptions();
     stats_.num_running = scheduler_->num_running();
@@ -222,20 +268,141 @@ class Engine::Impl {
     stats_.kv_blocks_free = cache_->num_free_blocks();
   }
 
+  // sd: the draft model drafts every speculative chunk's tokens on this thread.
+  bool draft_sync(const std::vector<runtime::ScheduledChunk>& chunks, std::vector<Proposal>& proposals,
+                  runtime::DraftBatch& drafts, std::vector<Response>& responses) {
+    std::vector<runtime::Sequence*> spec_seqs;
+    std::vector<int64_t> spec_counts;
+    for (const auto& c : chunks)
+      if (c.speculative) {
+        spec_seqs.push_back(c.seq);
+        spec_counts.push_back(c.draft_tokens);
+      }
+    if (spec_seqs.empty()) return true;
+    try {
+      drafts = drafter_->draft(spec_seqs, spec_counts);
+    } catch (const std::exception& e) {
+      for (Sequence* seq : spec_seqs)
+        finish(seq, FinishReason::kError, std::string("draft failed: ") + e.what(), responses);
+      return false;
+    }
+    const int64_t vocab = model_->config().vocab_size;
+    for (size_t i = 0, b = 0; i < chunks.size(); ++i) {
+      if (!chunks[i].speculative) continue;
+      Proposal& p = proposals[i];
+      p.tokens.assign(drafts.tokens.begin() + b * drafts.k, drafts.tokens.begin() + b * drafts.k + drafts.counts[b]);
+      p.q = drafts.q.data() + b * drafts.k * vocab;
+      ++b;
+    }
+    return true;
+  }
+
+  // ssd: every speculative chunk verifies the speculation the draft worker
+  // sent for its sequence; waits for the missing ones. Chunks whose drafting
+  // failed are finished and dropped. Returns the seconds spent waiting.
+  double await_speculations(std::vector<runtime::ScheduledChunk>& chunks, std::vector<Proposal>& proposals,
+                            std::vector<Response>& responses) {
+    for (const auto& c : chunks)
+      if (c.speculative && !c.seq->spec_started) start_draft(c.seq);
+    flush_to_draft();
+    const auto t0 = Clock::now();
+    for (;;) {
+      bool missing = false;
+      for (const auto& c : chunks) missing = missing || (c.speculative && !ready_specs_.count(c.seq->id));
+      if (!missing) break;
+      std::vector<runtime::Speculation> got;
+      worker_->collect(got, 1.0);
+      for (auto& spec : got) {
+        auto it = live_.find(spec.id);
+        if (it == live_.end() || !it->second->spec_started || it->second->spec_epoch != spec.epoch) continue;
+        ready_specs_[spec.id] = std::move(spec);
+      }
+    }
+    const double wait_s = seconds_since(t0);
+    std::vector<runtime::ScheduledChunk> kept;
+    std::vector<Proposal> kept_proposals;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const auto& c = chunks[i];
+      Proposal p;
+      if (c.speculative) {
+        const runtime::Speculation& spec = ready_specs_.at(c.seq->id);
+        if (!spec.error.empty()) {
+          finish(c.seq, FinishReason::kError, spec.error, responses);
+          continue;
+        }
+        const auto count = std::min<int64_t>(c.draft_tokens, static_cast<int64_t>(spec.tokens.size()));
+        p.tokens.assign(spec.tokens.begin(), spec.tokens.begin() + count);
+        p.q = spec.q.empty() ? nullptr : spec.q.data();
+        p.one_hot = spec.one_hot;
+        p.source = static_cast<int>(spec.source);
+      }
+      kept.push_back(c);
+      kept_proposals.push_back(std::move(p));
+    }
+    chunks.swap(kept);
+    proposals.swap(kept_proposals);
+    return wait_s;
+  }
+
+  void start_draft(Sequence* seq) {
+    runtime::SpecMessage m;
+    m.kind = runtime::SpecMessage::Kind::kStart;
+    m.id = seq->id;
+    m.epoch = ++seq->spec_epoch;
+    m.tokens = seq->tokens;
+    m.params = seq->params;
+    m.seed = seq->seed;
+    seq->spec_started = true;
+    to_draft_.push_back(std::move(m));
+  }
+
+  // ssd: the draft worker forgets this life of the sequence.
+  void release_draft(Sequence* seq) {
+    if (!worker_ || !seq->spec_started) return;
+    runtime::SpecMessage m;
+    m.kind = runtime::SpecMessage::Kind::kRelease;
+    m.id = seq->id;
+    m.epoch = seq->spec_epoch;
+    seq->spec_started = false;
+    ready_specs_.erase(seq->id);
+    to_draft_.push_back(std::move(m));
+  }
+
+  void flush_to_draft() {
+    if (worker_ && !to_draft_.empty()) worker_->post(std::move(to_draft_));
+    to_draft_.clear();
+  }
+
   // Samples, verifies and appends; returns the number of tokens emitted.
-  int64_t postprocess(const std::vector<runtime::ScheduledChunk>& chunks, const at::Tensor& logits,
-                      const runtime::DraftBatch& drafts, std::vector<Response>& responses) {
+  int64_t postprocess(const std::vector<runtime::ScheduledChunk>& chunks, const std::vector<Proposal>& proposals,
+                      const at::Tensor& logits, double forward_s, std::vector<Response>& responses) {
     const int64_t vocab = model_->config().vocab_size;
     const float* row_ptr = logits.data_ptr<float>();
-    int64_t emitted = 0, b = 0;
-    for (const auto& c : chunks) {
+    int64_t emitted = 0;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const auto& c = chunks[i];
       if (c.speculative) {
-        const int64_t rows = 1 + drafts.counts[b];
-        emitted += verify_round(c.seq, row_ptr, drafts, b++, responses);
+        const auto rows = 1 + static_cast<int64_t>(proposals[i].tokens.size());
+        const RoundResult round = verify_round(c.seq, row_ptr, proposals[i], responses);
+        emitted += round.emitted;
         row_ptr += rows * vocab;
+        if (worker_ && !round.finished) {
+          runtime::SpecMessage m;
+          m.kind = runtime::SpecMessage::Kind::kOutcome;
+          m.id = c.seq->id;
+          m.epoch = c.seq->spec_epoch;
+          m.accepted = round.accepted;
+          m.proposed = static_cast<int64_t>(proposals[i].tokens.size());
+          m.bonus = round.bonus;
+          m.verify_seconds = forward_s;
+          ready_specs_.erase(c.seq->id);
+          to_draft_.push_back(std::move(m));
+        }
         continue;
       }
       c.seq->num_computed += c.num_tokens;
+      // ssd: the draft worker starts on a sequence as soon as its prefill is done.
+      if (worker_ && !c.seq->spec_started && c.seq->num_computed >= c.seq->len() - 1) start_draft(c.seq);
       if (!c.wants_logits) continue;
       try {
         append_token(c.seq, sample(*c.seq, row_ptr), responses);
@@ -248,34 +415,38 @@ class Engine::Impl {
     return emitted;
   }
 
-  // One speculative round of `seq`: verifies its drafts against the target rows
-  // (1 + count rows at `target`), appends the accepted tokens and the bonus,
-  // and rolls both KV caches back to what the new sequence keeps.
-  int64_t verify_round(Sequence* seq, const float* target, const runtime::DraftBatch& drafts,
-                       int64_t b, std::vector<Response>& responses) {
+  // One speculative round of `seq`: verifies its proposals against the target
+  // rows (1 + count rows at `target`), appends the accepted tokens and the
+  // bonus, and rolls the KV caches back to what the new sequence keeps.
+  RoundResult verify_round(Sequence* seq, const float* target, const Proposal& prop,
+                           std::vector<Response>& responses) {
+    RoundResult result;
     const int64_t vocab = model_->config().vocab_size;
-    const int64_t count = drafts.counts[b];
+    const auto count = static_cast<int64_t>(prop.tokens.size());
     const int64_t k = std::max<int64_t>(count, 1);
     const int64_t start = seq->len();  // position of the first draft token
+    const RequestId id = seq->id;      // seq is gone once it finishes
     for (int64_t i = 0; i < (1 + count) * vocab; ++i)
       if (std::isnan(target[i])) {
         finish(seq, FinishReason::kError, "sampling failed: logits contain NaN", responses);
-        return 0;
+        result.finished = true;
+        return result;
       }
     std::vector<float> target_rows(static_cast<size_t>((k + 1) * vocab), 0.0f);
     std::copy(target, target + (1 + count) * vocab, target_rows.begin());
     std::vector<int64_t> proposals(static_cast<size_t>(k), 0);
+    std::copy(prop.tokens.begin(), prop.tokens.end(), proposals.begin());
     std::vector<float> q(static_cast<size_t>(k * vocab), 0.0f);
-    std::copy(drafts.tokens.begin() + b * drafts.k, drafts.tokens.begin() + b * drafts.k + count, proposals.begin());
-    std::copy(drafts.q.begin() + b * drafts.k * vocab, drafts.q.begin() + (b * drafts.k + count) * vocab, q.begin());
+    if (!prop.one_hot && count > 0) std::copy(prop.q, prop.q + count * vocab, q.begin());
     std::vector<double> accept_u(static_cast<size_t>(k), 0.0);
     for (int64_t i = 0; i < count; ++i)
       accept_u[i] = kernels::keyed_uniform(seq->seed, static_cast<uint64_t>(start + i),
                                            kernels::RandomPurpose::kAccept);
     const double bonus_u = kernels::keyed_uniform(seq->seed, static_cast<uint64_t>(start),
                                                   kernels::RandomPurpose::kResidual);
-    const bool one_hot = false;
-    const double temperature = seq->params.temperature, top_p = seq->params.top_p;
+    const bool one_hot = prop.one_hot;
+    const double temperature = one_hot && fault_fast_argmax_ ? 0.0 : seq->params.temperature;
+    const double top_p = seq->params.top_p;
     const int64_t top_k = seq->params.top_k;
     int64_t accepted = 0, bonus = 0;
     kernels::VerifyParams v;
@@ -295,26 +466,72 @@ class Engine::Impl {
     v.k = k;
     v.vocab = vocab;
     kernels::verify(v, 0, 1);
-    seq->metrics.draft_tokens_proposed += count;
-    seq->metrics.draft_tokens_accepted += accepted;
-    seq->metrics.rounds += 1;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stats_.draft_tokens_proposed += count;
-      stats_.draft_tokens_accepted += accepted;
-      stats_.rounds += 1;
-    }
     // The KV of the verified token and the accepted drafts stays.
     seq->num_computed = start + accepted;
     cache_->truncate(seq->table, seq->num_computed);
-    drafter_->commit(seq, start + accepted);
-    int64_t emitted = 0;
+    if (drafter_) drafter_->commit(seq, start + accepted);
     for (int64_t i = 0; i <= accepted; ++i) {
       const auto token = static_cast<int32_t>(i < accepted ? proposals[i] : bonus);
-      ++emitted;
-      if (append_token(seq, token, responses)) break;
+      ++result.emitted;
+      if (append_token(seq, token, responses)) {
+        result.finished = true;
+        break;
+      }
     }
-    return emitted;
+    result.accepted = accepted;
+    result.bonus = static_cast<int32_t>(bonus);
+    // Metrics; a finished request already reported its own, so count it there too.
+    RequestMetrics delta;
+    delta.rounds = 1;
+    delta.draft_tokens_proposed = count;
+    delta.draft_tokens_accepted = accepted;
+    using runtime::SpecSource;
+    if (prop.source >= 0 && static_cast<SpecSource>(prop.source) != SpecSource::kStart) {
+      delta.cache_lookups = 1;
+      if (static_cast<SpecSource>(prop.source) == SpecSource::kHit) {
+        delta.cache_hits = 1;
+        delta.hit_tokens = result.emitted;
+      } else {
+        (static_cast<SpecSource>(prop.source) == SpecSource::kFast ? delta.fallback_fast : delta.fallback_neural) = 1;
+        delta.miss_tokens = result.emitted;
+      }
+    }
+    add_round_metrics(result.finished ? nullptr : seq, id, delta, responses);
+    return result;
+  }
+
+  // seq: null when the round finished it (its final response is amended instead).
+  void add_round_metrics(Sequence* seq, RequestId id, const RequestMetrics& d, std::vector<Response>& responses) {
+    auto add = [&d](RequestMetrics& m) {
+      m.rounds += d.rounds;
+      m.draft_tokens_proposed += d.draft_tokens_proposed;
+      m.draft_tokens_accepted += d.draft_tokens_accepted;
+      m.cache_lookups += d.cache_lookups;
+      m.cache_hits += d.cache_hits;
+      m.fallback_neural += d.fallback_neural;
+      m.fallback_fast += d.fallback_fast;
+      m.hit_tokens += d.hit_tokens;
+      m.miss_tokens += d.miss_tokens;
+    };
+    if (seq == nullptr) {
+      for (auto it = responses.rbegin(); it != responses.rend(); ++it)
+        if (it->id == id && it->finished) {
+          add(it->metrics);
+          break;
+        }
+    } else {
+      add(seq->metrics);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.rounds += d.rounds;
+    stats_.draft_tokens_proposed += d.draft_tokens_proposed;
+    stats_.draft_tokens_accepted += d.draft_tokens_accepted;
+    stats_.cache_lookups += d.cache_lookups;
+    stats_.cache_hits += d.cache_hits;
+    stats_.fallback_neural += d.fallback_neural;
+    stats_.fallback_fast += d.fallback_fast;
+    stats_.hit_tokens += d.hit_tokens;
+    stats_.miss_tokens += d.miss_tokens;
   }
 
   int32_t sample(const Sequence& seq, const float* logits) {
@@ -360,6 +577,7 @@ class Engine::Impl {
 
   void finish(Sequence* seq, FinishReason reason, const std::string& error,
               std::vector<Response>& responses, std::vector<int32_t> tokens = {}) {
+    release_draft(seq);
     scheduler_->remove(seq);
     Response r;
     r.id = seq->id;
@@ -388,6 +606,10 @@ class Engine::Impl {
   std::vector<int32_t> eos_;
   std::unique_ptr<model::KvCache> cache_;
   std::unique_ptr<runtime::Drafter> drafter_;
+  bool fault_fast_argmax_ = false;                           // see SSD_TEST_FAULT
+  std::unique_ptr<runtime::DraftWorker> worker_;             // ssd
+  std::map<RequestId, runtime::Speculation> ready_specs_;    // ssd, engine thread only
+  std::vector<runtime::SpecMessage> to_draft_;               // ssd, posted once per step
   std::unique_ptr<runtime::Scheduler> scheduler_;
   std::unique_ptr<kernels::ThreadPool> pool_ = std::make_unique<kernels::ThreadPool>(config_.target_threads);
   std::random_device seed_source_;

@@ -26,6 +26,7 @@ void Scheduler::preempt(Sequence* seq) {
   seq->metrics.num_preemptions += 1;
   num_preemptions_ += 1;
   waiting_.push_front(seq);
+  preempted_.push_back(seq);
 }
 
 int64_t Scheduler::room(const Sequence* seq) const {
@@ -75,6 +76,7 @@ ScheduleResult Scheduler::schedule() {
     if (n > 0) result.chunks.push_back({seq, n, n == seq->len(), false, 0});
     budget -= n;
   }
+  result.preempted.swap(preempted_);
   return result;
 }
 

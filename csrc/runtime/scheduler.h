@@ -30,6 +30,8 @@ struct Sequence {
   model::BlockTable table;
   model::BlockTable draft_table;  ///< speculative modes: the draft model's KV
   int64_t draft_computed = 0;
+  uint64_t spec_epoch = 0;     ///< ssd: increases each time the draft worker is (re)told of it
+  bool spec_started = false;   ///< ssd: the draft worker knows this life of the sequence
   RequestMetrics metrics;
   Clock::time_point enqueued;
 
@@ -53,6 +55,7 @@ struct ScheduleResult {
   std::vector<ScheduledChunk> chunks;
   std::vector<Sequence*> failed;  ///< sequences that can never fit; already removed
   std::string failure;
+  std::vector<Sequence*> preempted;  ///< sent back to the queue by this schedule
 };
 
 class Scheduler {
@@ -101,6 +104,7 @@ class Scheduler {
   std::deque<Sequence*> running_;
   std::deque<Sequence*> waiting_;
   int64_t num_preemptions_ = 0;
+  std::vector<Sequence*> preempted_;
 };
 
 }  // namespace ssd::runtime

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -34,9 +35,14 @@ constexpr const char* kUsage =
     "the generated ids, one line per prompt; finish reasons go to stderr.\n"
     "\n"
     "options:\n"
-    "  --mode ar|sd           decoding mode (default ar; sd needs --draft)\n"
-    "  --draft DIR            draft model directory (mode sd)\n"
+    "  --mode ar|sd|ssd       decoding mode (default ar; sd and ssd need --draft)\n"
+    "  --draft DIR            draft model directory (modes sd, ssd)\n"
     "  --k N                  draft tokens per round (default 4)\n"
+    "  --fanout geometric|F0,..,FK  ssd fan-out (default geometric)\n"
+    "  --fanout-budget auto|B ssd fan-out budget (default auto)\n"
+    "  --saguaro-c C          ssd SAGUARO sampling C in [0, 1] (default 1)\n"
+    "  --fallback auto|neural|fast  ssd speculator on a cache miss (default auto)\n"
+    "  --stats                print the engine's speed metrics to stderr\n"
     "  --draft-threads N      CPU threads of the draft's forward (default 1)\n"
     "  --max-tokens N         tokens to generate per prompt (default 16)\n"
     "  --temperature T        0 is greedy (default 1.0)\n"
@@ -56,6 +62,7 @@ struct UsageError : std::invalid_argument {
 struct Options {
   std::string model_dir;
   std::string draft_dir;
+  bool stats = false;
   ssd::EngineConfig engine;
   std::optional<int64_t> max_model_len;
   ssd::SamplingParams sampling;
@@ -96,6 +103,21 @@ void apply_option(Options& o, const std::string& flag, const std::string& value)
     o.draft_dir = value;
   } else if (flag == "--k") {
     o.engine.k = parse_number<int64_t>(flag, value);
+  } else if (flag == "--fanout") {
+    o.engine.fanout_list.clear();
+    if (value != "geometric") {
+      std::stringstream items(value);
+      std::string item;
+      while (std::getline(items, item, ',')) o.engine.fanout_list.push_back(parse_number<int64_t>(flag, item));
+    }
+  } else if (flag == "--fanout-budget") {
+    o.engine.fanout_budget = value == "auto" ? 0 : parse_number<int64_t>(flag, value);
+    if (value != "auto" && o.engine.fanout_budget < 1)
+      throw UsageError("--fanout-budget: must be 'auto' or an integer >= 1, got '" + value + "'");
+  } else if (flag == "--saguaro-c") {
+    o.engine.saguaro_c = parse_number<double>(flag, value);
+  } else if (flag == "--fallback") {
+    o.engine.fallback = value;
   } else if (flag == "--draft-threads") {
     o.engine.draft_threads = parse_number<int64_t>(flag, value);
   } else if (flag == "--max-tokens") {
@@ -132,6 +154,8 @@ std::optional<Options> parse_args(int argc, char** argv) {
       have_prompts = true;
     } else if (arg == "-h" || arg == "--help") {
       return std::nullopt;
+    } else if (arg == "--stats") {
+      o.stats = true;
     } else if (arg == "--ignore-eos") {
       o.sampling.ignore_eos = true;
     } else if (arg.empty() || arg[0] != '-') {
@@ -220,6 +244,16 @@ int run(const Options& o) {
     throw UsageError(e.what());
   }
   const std::vector<Result> results = generate(*engine, o);
+  if (o.stats) {
+    const ssd::EngineStats st = engine->stats();
+    const ssd::SpeedMetrics m = ssd::speed_metrics(st);
+    std::cerr << "stats: rounds=" << st.rounds << " acceptance_rate=" << m.acceptance_rate
+              << " cache_hit_rate=" << m.cache_hit_rate << " fallback_neural=" << st.fallback_neural
+              << " fallback_fast=" << st.fallback_fast << " kv_commits=" << st.kv_commits
+              << " e_hit=" << m.e_hit << " e_miss=" << m.e_miss << " t_p=" << m.t_p << " t_b=" << m.t_b
+              << " predicted_speedup=" << m.predicted_speedup
+              << " target_busy_fraction=" << m.target_busy_fraction << "\n";
+  }
   engine->shutdown();
 
   int status = 0;

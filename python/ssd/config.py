@@ -25,6 +25,18 @@ class EngineConfig:
     (longer prompts are prefilled in chunks). kv_capacity_tokens: KV cache
     size in tokens (0: max_batch * max_model_len). dtype: weight storage,
     "float32" or "bfloat16" (activations and the KV cache are float32).
+
+    Speculative modes: k draft tokens per round. ssd (SAGUARO): fanout is
+    "geometric" (F_0..F_K from online estimates of the acceptance rate and
+    the miss exponent) or an explicit list of k + 1 counts; fanout_budget is
+    B = sum F_j, "auto" (sized so the draft's tree fits inside one verify
+    forward, from measured times) or an integer; saguaro_c is the C of
+    SAGUARO sampling (1.0: plain sampling); fallback on a cache miss is
+    "neural" (the draft re-drafts), "fast" (n-gram prompt lookup) or "auto"
+    (by batch size, where the speed model says fast beats neural).
+    always_miss (testing) makes every cache lookup miss. draft_matmul_min_rows:
+    draft forwards over at least this many rows (the tree) use ATen's bf16
+    matmul (AMX) when the draft's hidden size is >= 256; 0 turns that off.
     """
 
     mode: str = "ar"
@@ -39,8 +51,29 @@ class EngineConfig:
     draft_device: str = "cpu"
     draft_threads: int = 1
     k: int = 4
+    fanout: str | list[int] = "geometric"
+    fanout_budget: str | int = "auto"
+    saguaro_c: float = 1.0
+    fallback: str = "auto"
+    always_miss: bool = False
+    draft_matmul_min_rows: int = 4
 
     def __post_init__(self):
+        if isinstance(self.fanout, str):
+            if self.fanout != "geometric":
+                raise ValueError(f"fanout: must be 'geometric' or a list of k + 1 integers, got {self.fanout!r}")
+        elif isinstance(self.fanout, (list, tuple)) and all(
+                isinstance(f, int) and not isinstance(f, bool) for f in self.fanout):
+            self.fanout = list(self.fanout)
+        else:
+            raise ValueError(f"fanout: must be 'geometric' or a list of k + 1 integers, got {self.fanout!r}")
+        if self.fanout_budget != "auto" and (not isinstance(self.fanout_budget, int)
+                                             or isinstance(self.fanout_budget, bool) or self.fanout_budget < 1):
+            raise ValueError(f"fanout_budget: must be 'auto' or an integer >= 1, got {self.fanout_budget!r}")
+        if not isinstance(self.saguaro_c, (int, float)) or isinstance(self.saguaro_c, bool):
+            raise ValueError(f"saguaro_c: must be a number in [0, 1], got {self.saguaro_c!r}")
+        if not isinstance(self.always_miss, bool):
+            raise ValueError(f"always_miss: must be True or False, got {self.always_miss!r}")
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.type == "int" and (not isinstance(value, int) or isinstance(value, bool)):
@@ -50,7 +83,13 @@ class EngineConfig:
         _core().validate_engine_config(self.to_dict())
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The fields as the C++ core reads them."""
+        d = dataclasses.asdict(self)
+        fanout = d.pop("fanout")
+        d["fanout_list"] = [] if fanout == "geometric" else fanout
+        d["fanout_budget"] = 0 if d["fanout_budget"] == "auto" else d["fanout_budget"]
+        d["saguaro_c"] = float(d["saguaro_c"])
+        return d
 
 
 @dataclass

@@ -131,6 +131,37 @@ def test_program_runs_sd_like_llm(program, models, sampling):
     assert reasons == [o.finish_reason for o in outs]
 
 
+@pytest.mark.parametrize("sampling", list(SAMPLINGS))
+def test_program_runs_ssd_like_llm(program, models, sampling):
+    """Mode ssd: the C++ program and ssd.LLM give the same tokens for the same pair.
+
+    A fixed fan-out with the neural fallback makes every seeded sample
+    independent of cache hits and misses, hence of timing."""
+    params = dict(max_tokens=16, **SAMPLINGS[sampling])
+    target, draft = models["llama"], models["llama-sharded"]
+    args = [str(target), "--mode", "ssd", "--draft", str(draft), "--k", "3", "--fanout", "1,1,1,2",
+            "--saguaro-c", "0.5", "--fallback", "neural", "--stats", *cli_options(params)]
+    proc = run_program(program, *args)
+    tokens, reasons = program_outputs(proc)
+    with LLM(str(target), draft=str(draft), mode="ssd", k=3, fanout=[1, 1, 1, 2], saguaro_c=0.5,
+             fallback="neural", max_model_len=MAX_MODEL_LEN) as llm:
+        outs = llm.generate(PROMPTS, SamplingParams(**params))
+        assert llm.stats()["cache_lookups"] > 0
+    assert tokens == [o.token_ids for o in outs]
+    assert reasons == [o.finish_reason for o in outs]
+    assert "cache_hit_rate=" in proc.stderr and "predicted_speedup=" in proc.stderr
+
+
+def test_program_rejects_bad_ssd_options(program, models):
+    target, draft = models["llama"], models["llama-sharded"]
+    for extra, message in [(["--fanout", "1,x"], "--fanout"), (["--fanout", "1,1"], "fanout: an explicit fan-out"),
+                           (["--saguaro-c", "2"], "saguaro_c: must be in [0, 1]"),
+                           (["--fallback", "ngram"], "fallback: must be"),
+                           (["--fanout-budget", "0"], "--fanout-budget")]:
+        proc = run_program(program, str(target), "--mode", "ssd", "--draft", str(draft), "--k", "3", *extra)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
 def test_eos_ids_from_generation_config_and_config(program, models, tmp_path):
     model_dir = shutil.copytree(models["llama"], tmp_path / "llama")
     params = dict(temperature=0.0, max_tokens=12)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ssd import LLM, SamplingParams
-from tests.reference.sampling_ref import processed_probs
+from tests.reference import law
 from tests.reference.stats import g_test, samples_for_power
 from tests.reference.tiny_models import TinySpec, build_tiny_model
 
@@ -72,31 +72,11 @@ def small_pair(tmp_path_factory):
 
 
 def exact_joint(model, temperature, top_k, top_p):
-    """Law of the first N_TOKENS tokens of the target by enumeration: [VOCAB ** N_TOKENS]."""
-    law = {(): 1.0}
-    for _ in range(N_TOKENS):
-        nxt = {}
-        for prefix, mass in law.items():
-            probs = processed_probs(model.logits(PROMPT + list(prefix))[-1], temperature, top_k, top_p)
-            for t in range(VOCAB):
-                if probs[t] > 0:
-                    nxt[prefix + (t,)] = mass * float(probs[t])
-        law = nxt
-    out = np.zeros(VOCAB ** N_TOKENS)
-    for seq, mass in law.items():
-        out[np.ravel_multi_index(seq, (VOCAB,) * N_TOKENS)] = mass
-    return out.reshape((VOCAB,) * N_TOKENS)
+    """Law of the first N_TOKENS tokens of `model` by enumeration."""
+    return law.exact_joint(model, PROMPT, N_TOKENS, VOCAB, temperature, top_k, top_p)
 
 
-def views(joint_or_counts):
-    """The distributions tested: each position's marginal and the (3, 4) pair."""
-    arr = joint_or_counts
-    out = []
-    for pos in range(N_TOKENS):
-        axes = tuple(a for a in range(N_TOKENS) if a != pos)
-        out.append(arr.sum(axis=axes))
-    out.append(arr.sum(axis=(0, 1, 4, 5, 6)).ravel())
-    return out
+views = law.views
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.9, 3, 0.9)])

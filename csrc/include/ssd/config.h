@@ -76,6 +76,15 @@ struct EngineConfig {
   std::string draft_device = "cpu";
   int64_t draft_threads = 1;
   int64_t k = 4;                       ///< draft tokens per round (sd / ssd)
+  // ssd / SAGUARO
+  std::vector<int64_t> fanout_list;    ///< explicit F_0..F_K; empty: geometric fan-out
+  int64_t fanout_budget = 0;           ///< B = sum F_j; 0: auto (the tree fits in one verify)
+  double saguaro_c = 1.0;              ///< C of SAGUARO sampling (1: plain sampling)
+  std::string fallback = "auto";       ///< on a cache miss: "auto", "neural" or "fast"
+  bool always_miss = false;            ///< testing: every lookup misses (no trees are built)
+  /// ssd: draft forwards over at least this many rows (the tree) use ATen's
+  /// bf16 matmul (AMX) for models with hidden_size >= 256; 0 turns it off.
+  int64_t draft_matmul_min_rows = 4;
 
   void validate() const;
   /// Number of KV blocks after resolving kv_capacity_tokens.

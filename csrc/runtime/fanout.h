@@ -1,0 +1,55 @@
+// SAGUARO fan-out: how many candidate bonus tokens F_0..F_K the draft prepares
+// branches for at each fork point, under a budget B = sum F_j.
+//
+// Geometric fan-out, with primary acceptance rate a and power-law miss rate
+// 1 - p_hit(F) = F^-r:  F_j ~ a^(j / (1 + r)) for j < K and
+// F_K ~ a^(K / (1 + r)) (1 - a)^(-1 / (1 + r)), scaled to B and rounded by
+// largest remainders. a and r are estimated online from the outcomes; the
+// budget is either fixed or sized so that the draft's tree fits inside one
+// verify forward, from measured times.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace ssd::runtime {
+
+/// The integer fan-out for budget `budget` (sum <= budget), K + 1 entries.
+std::vector<int64_t> geometric_fanout(int64_t k, int64_t budget, double acceptance, double miss_exponent);
+
+class FanoutPlanner {
+ public:
+  /// fixed: explicit F_0..F_K (empty: geometric); budget 0 means auto.
+  FanoutPlanner(int64_t k, std::vector<int64_t> fixed, int64_t budget, int64_t max_budget);
+
+  /// Records one verification: `accepted` of `proposed` draft tokens, and the
+  /// rank (1-based) of the bonus among the candidate list at the fork point,
+  /// or 0 when it was not among the `listed` ranked candidates.
+  void observe_outcome(int64_t accepted, int64_t proposed, int64_t rank, int64_t listed);
+  /// Records one tree step over `rows` branches that took `seconds`, and the
+  /// per-round fork-point forward time.
+  void observe_tree_step(int64_t rows, double seconds);
+  void observe_round(double fork_seconds, double tree_seconds, double verify_seconds);
+
+  /// Fan-out for the next tree of `num_seqs` sequences.
+  std::vector<int64_t> plan(int64_t num_seqs);
+  int64_t budget() const { return budget_; }
+  double acceptance() const;
+  double miss_exponent() const { return miss_exponent_; }
+
+ private:
+  int64_t k_;
+  std::vector<int64_t> fixed_;
+  bool auto_budget_;
+  int64_t budget_;
+  int64_t max_budget_;
+  double accepted_ = 0.0, proposed_ = 0.0;
+  std::vector<double> rank_counts_;  // [max_budget + 2]: index r = rank r, 0 = not listed
+  double miss_exponent_ = 1.0;
+  // Exponentially weighted least squares of tree step time against rows.
+  double s1_ = 0, sx_ = 0, sy_ = 0, sxx_ = 0, sxy_ = 0;
+  double fork_s_ = 0, verify_s_ = 0, tree_s_ = 0;
+  bool timed_ = false;
+};
+
+}  // namespace ssd::runtime

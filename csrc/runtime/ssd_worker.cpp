@@ -1,0 +1,629 @@
+#include "ssd_worker.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <stdexcept>
+
+#include "../kernels/cpu/kv_commit.h"
+#include "../kernels/cpu/sampling.h"
+#include "../kernels/cpu/saguaro_sample.h"
+#include "ngram.h"
+
+#include <ATen/Parallel.h>
+
+namespace ssd::runtime {
+
+namespace {
+
+using WorkerClock = std::chrono::steady_clock;
+
+double since(WorkerClock::time_point t) {
+  return std::chrono::duration<double>(WorkerClock::now() - t).count();
+}
+
+/// The m best tokens of a logits row, ranked by (logit desc, id asc).
+std::vector<int32_t> top_tokens(const float* logits, int64_t vocab, int64_t m) {
+  std::vector<int32_t> best;
+  best.reserve(static_cast<size_t>(m + 1));
+  for (int64_t t = 0; t < vocab; ++t) {
+    const float z = logits[t];
+    if (static_cast<int64_t>(best.size()) == m && !(z > logits[best.back()])) continue;
+    auto pos = best.end();
+    while (pos != best.begin() && z > logits[*(pos - 1)]) --pos;
+    best.insert(pos, static_cast<int32_t>(t));
+    if (static_cast<int64_t>(best.size()) > m) best.pop_back();
+  }
+  return best;
+}
+
+int64_t max_budget(const EngineConfig& c) {
+  if (!c.fanout_list.empty()) {
+    int64_t s = 0;
+    for (int64_t f : c.fanout_list) s += f;
+    return s;
+  }
+  return c.fanout_budget > 0 ? c.fanout_budget : 16;
+}
+
+}  // namespace
+
+struct DraftWorker::Seq {
+  struct Branch {
+    int64_t j = 0;
+    int32_t c = 0;
+    model::BlockTable table;  // the first `shared` blocks are borrowed from the sequence
+    int64_t shared = 0;
+  };
+  struct Entry {
+    std::vector<int32_t> tokens;
+    std::vector<float> q;
+    std::vector<std::vector<int32_t>> ranked;
+    size_t branch = 0;
+  };
+
+  RequestId id = 0;
+  uint64_t epoch = 0;
+  SamplingParams params;
+  uint64_t seed = 0;
+  std::vector<int32_t> tokens;  // committed tokens (prompt + generated)
+  model::BlockTable table;      // draft KV along tokens, then the outstanding speculation
+  int64_t computed = 0;
+  std::vector<int32_t> spec;    // the outstanding speculation; empty when none
+  std::vector<std::vector<int32_t>> ranked;  // [K + 1] ranked draft tokens per fork point
+  SpecSource source = SpecSource::kStart;
+  bool treed = false;
+  std::vector<Branch> branches;
+  std::map<std::pair<int64_t, int32_t>, Entry> cache;
+};
+
+struct DraftWorker::Path {
+  Seq* seq = nullptr;
+  model::BlockTable* table = nullptr;
+  int64_t pos0 = 0;            // position of feed[0]
+  std::vector<int32_t> feed;   // tokens fed at step 0
+  int64_t steps = 0;           // tokens to sample after the feed (0: score only)
+  int64_t rank_from = 0;       // score only: fed positions >= rank_from get ranked lists
+  std::vector<int32_t> out;
+  std::vector<float> q;        // [steps, vocab]
+  std::vector<std::vector<int32_t>> ranked;      // per sampled token: its row's ranking
+  std::vector<std::vector<int32_t>> fed_ranked;  // score only: per fed position >= rank_from
+};
+
+DraftWorker::DraftWorker(const EngineConfig& config, std::shared_ptr<model::Model> draft)
+    : config_(config),
+      model_(std::move(draft)),
+      vocab_(model_->config().vocab_size),
+      planner_(config.k, config.fanout_list, config.fanout_budget, max_budget(config)) {
+  const int64_t bs = config_.kv_block_size;
+  const int64_t per_branch = 1 + (config_.k + bs - 1) / bs;
+  // Room for a full tree of every sequence: each branch copies its prefix's
+  // partial block and grows by K positions.
+  const int64_t tree_blocks = config_.max_batch * max_budget(config_) * per_branch;
+  cache_ = std::make_unique<model::KvCache>(model_->config(),
+                                            config_.num_kv_blocks() + config_.max_batch + tree_blocks, bs);
+  pool_ = std::make_unique<kernels::ThreadPool>(config_.draft_threads);
+  thread_ = std::thread([this] { loop(); });
+}
+
+DraftWorker::~DraftWorker() { stop(); }
+
+void DraftWorker::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    wake_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+  pool_.reset();
+}
+
+void DraftWorker::post(std::vector<SpecMessage> messages) {
+  if (messages.empty()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& m : messages) inbox_.push_back(std::move(m));
+  wake_.notify_all();
+}
+
+void DraftWorker::collect(std::vector<Speculation>& out, double timeout_s) {
+  std::unique_lock<std::mutex> lock(mu_);
+  ready_.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                  [this] { return !outbox_.empty() || stopping_; });
+  for (auto& s : outbox_) out.push_back(std::move(s));
+  outbox_.clear();
+}
+
+DraftWorkerStats DraftWorker::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void DraftWorker::loop() {
+  // ATen's matmul path (draft tree) runs on this thread's OpenMP team.
+  at::set_num_threads(static_cast<int>(config_.draft_threads));
+  for (;;) {
+    std::vector<SpecMessage> messages;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      wake_.wait(lock, [this] { return stopping_ || !inbox_.empty(); });
+      if (stopping_) break;
+      messages.assign(std::make_move_iterator(inbox_.begin()), std::make_move_iterator(inbox_.end()));
+      inbox_.clear();
+    }
+    handle(messages);
+  }
+  for (auto& [id, s] : seqs_) release(*s);
+  seqs_.clear();
+}
+
+Speculation DraftWorker::answer(const Seq& s, SpecSource source, std::vector<float> q, bool one_hot) const {
+  Speculation r;
+  r.id = s.id;
+  r.epoch = s.epoch;
+  r.source = source;
+  r.tokens = s.spec;
+  r.q = std::move(q);
+  r.one_hot = one_hot;
+  return r;
+}
+
+void DraftWorker::handle(std::vector<SpecMessage>& messages) {
+  std::vector<Speculation> out;
+  std::vector<Seq*> misses, starts;
+  int64_t outcomes = 0;
+  for (auto& m : messages) {
+    auto it = seqs_.find(m.id);
+    if (m.kind == SpecMessage::Kind::kRelease) {
+      if (it != seqs_.end() && it->second->epoch <= m.epoch) {
+        release(*it->second);
+        misses.erase(std::remove(misses.begin(), misses.end(), it->second.get()), misses.end());
+        starts.erase(std::remove(starts.begin(), starts.end(), it->second.get()), starts.end());
+        seqs_.erase(it);
+      }
+      continue;
+    }
+    if (m.kind == SpecMessage::Kind::kStart) {
+      if (it != seqs_.end()) {
+        release(*it->second);
+        misses.erase(std::remove(misses.begin(), misses.end(), it->second.get()), misses.end());
+        starts.erase(std::remove(starts.begin(), starts.end(), it->second.get()), starts.end());
+        seqs_.erase(it);
+      }
+      auto s = std::make_unique<Seq>();
+      s->id = m.id;
+      s->epoch = m.epoch;
+      s->params = m.params;
+      s->seed = m.seed;
+      s->tokens = std::move(m.tokens);
+      starts.push_back(s.get());
+      seqs_.emplace(m.id, std::move(s));
+      continue;
+    }
+    if (it == seqs_.end() || it->second->epoch != m.epoch) continue;  // an older life
+    if (m.verify_seconds > 0) last_verify_s_ = m.verify_seconds;
+    ++outcomes;
+    outcome(*it->second, m, misses, out);
+  }
+  const int64_t answered = static_cast<int64_t>(out.size() + misses.size() + starts.size());
+  fanout_ = planner_.plan(std::max<int64_t>(answered, 1));
+
+  std::vector<Seq*> failed;
+  std::string failure;
+  if (!misses.empty()) {
+    const Fallback kind = choose_fallback(outcomes);
+    try {
+      run_fallback(misses, kind, out);
+    } catch (const std::exception& e) {
+      failure = std::string("draft fallback failed: ") + e.what();
+      failed.insert(failed.end(), misses.begin(), misses.end());
+    }
+  }
+  if (!starts.empty()) {
+    try {
+      run_fallback(starts, Fallback::kNeural, out, true);
+      for (Seq* s : starts) s->source = SpecSource::kStart;
+      for (auto& r : out)
+        for (Seq* s : starts)
+          if (r.id == s->id) r.source = SpecSource::kStart;
+    } catch (const std::exception& e) {
+      failure = std::string("draft prefill failed: ") + e.what();
+      failed.insert(failed.end(), starts.begin(), starts.end());
+    }
+  }
+  for (Seq* s : failed) {
+    Speculation r;
+    r.id = s->id;
+    r.epoch = s->epoch;
+    r.error = failure;
+    out.push_back(std::move(r));
+    release(*s);
+    seqs_.erase(s->id);
+  }
+  std::vector<Seq*> to_tree;
+  for (const auto& r : out) {
+    if (!r.error.empty()) continue;
+    auto it = seqs_.find(r.id);
+    if (it != seqs_.end() && !it->second->treed) to_tree.push_back(it->second.get());
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.starts += static_cast<int64_t>(starts.size());
+    stats_.fanout = fanout_;
+    stats_.fanout_budget = planner_.budget();
+    stats_.acceptance_estimate = planner_.acceptance();
+    stats_.miss_exponent = planner_.miss_exponent();
+    for (auto& r : out) outbox_.push_back(std::move(r));
+    ready_.notify_all();
+  }
+  if (config_.always_miss || to_tree.empty()) return;
+  try {
+    build_trees(to_tree);
+  } catch (const std::exception&) {
+    // A tree that cannot be built only costs hits: its outcomes fall back.
+    for (Seq* s : to_tree) free_tree(*s);
+  }
+}
+
+void DraftWorker::outcome(Seq& s, const SpecMessage& m, std::vector<Seq*>& misses,
+                          std::vector<Speculation>& out) {
+  const int64_t K = config_.k;
+  const auto L = static_cast<int64_t>(s.tokens.size());
+  const int64_t k = std::clamp<int64_t>(m.accepted, 0, static_cast<int64_t>(s.spec.size()));
+  // Where the bonus ranked among this fork point's candidates.
+  if (k < static_cast<int64_t>(s.ranked.size()) && !s.ranked[k].empty()) {
+    int64_t rank = 0, listed = 0;
+    for (int32_t t : s.ranked[k]) {
+      if (k < K && k < static_cast<int64_t>(s.spec.size()) && t == s.spec[k]) continue;
+      ++listed;
+      if (t == m.bonus && rank == 0) rank = listed;
+    }
+    planner_.observe_outcome(k, m.proposed, rank, listed);
+  } else {
+    planner_.observe_outcome(k, m.proposed, 0, 0);
+  }
+  // Fallback speed-model inputs: tokens per round by where the speculation came from.
+  const double emitted = static_cast<double>(k + 1);
+  if (s.source == SpecSource::kHit) e_hit_ = 0.9 * e_hit_ + 0.1 * emitted;
+  if (s.source == SpecSource::kNeural) e_neural_ = 0.9 * e_neural_ + 0.1 * emitted;
+  if (s.source == SpecSource::kFast) e_fast_ = 0.9 * e_fast_ + 0.1 * emitted;
+
+  const auto key = std::make_pair(k, m.bonus);
+  auto entry = s.cache.find(key);
+  bool hit = !config_.always_miss && s.treed && entry != s.cache.end();
+  for (int64_t i = 0; i < k; ++i) s.tokens.push_back(s.spec[i]);
+  s.tokens.push_back(m.bonus);
+  s.computed = std::min(s.computed, L + k);
+  cache_->truncate(s.table, s.computed);
+  if (hit) {
+    // The branch already holds the KV of the bonus and K - 1 drafted tokens.
+    const int64_t P = L + k;
+    const auto& branch = s.branches[entry->second.branch];
+    if (cache_->reserve(s.table, P + K)) {
+      copy_slots(branch.table, s.table, P, P + K);
+      s.computed = P + K;
+      s.spec = std::move(entry->second.tokens);
+      s.ranked = std::move(entry->second.ranked);
+      s.ranked.resize(static_cast<size_t>(K + 1));
+      s.source = SpecSource::kHit;
+      out.push_back(answer(s, SpecSource::kHit, std::move(entry->second.q), false));
+    } else {
+      hit = false;
+    }
+  }
+  hit_rate_ = 0.95 * hit_rate_ + 0.05 * (hit ? 1.0 : 0.0);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.lookups += 1;
+    stats_.hits += hit ? 1 : 0;
+    stats_.kv_commits += hit ? 1 : 0;
+  }
+  free_tree(s);
+  if (!hit) {
+    s.spec.clear();
+    s.ranked.clear();
+    misses.push_back(&s);
+  }
+}
+
+DraftWorker::Fallback DraftWorker::choose_fallback(int64_t batch) const {
+  if (config_.fallback == "neural") return Fallback::kNeural;
+  if (config_.fallback == "fast") return Fallback::kFast;
+  // The speed model with a batch: one miss anywhere delays the whole round.
+  const double p = hit_rate_;
+  const double all_hit = std::pow(p, static_cast<double>(std::max<int64_t>(batch, 1)));
+  const double tp = std::max(1.0, tp_);
+  auto speed = [&](double e_miss, double tb) {
+    return (p * e_hit_ + (1 - p) * e_miss) / (all_hit * tp + (1 - all_hit) * (tp + tb));
+  };
+  return speed(e_fast_, tb_fast_) > speed(e_neural_, tb_neural_) ? Fallback::kFast : Fallback::kNeural;
+}
+
+void DraftWorker::run_fallback(std::vector<Seq*>& seqs, Fallback kind, std::vector<Speculation>& out,
+                               bool starts) {
+  const auto t0 = WorkerClock::now();
+  const int64_t K = config_.k;
+  if (kind == Fallback::kFast) {
+    for (Seq* s : seqs) {
+      s->spec = ngram_propose(s->tokens, K);
+      s->ranked.assign(static_cast<size_t>(K + 1), {});
+      s->source = SpecSource::kFast;
+      out.push_back(answer(*s, SpecSource::kFast, {}, true));
+    }
+  } else {
+    std::vector<Path> paths(seqs.size());
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      Seq* s = seqs[i];
+      const auto L = static_cast<int64_t>(s->tokens.size());
+      Path& p = paths[i];
+      p.seq = s;
+      p.table = &s->table;
+      p.pos0 = s->computed;
+      p.feed.assign(s->tokens.begin() + s->computed, s->tokens.end());
+      p.steps = K;
+      if (p.feed.empty()) throw std::logic_error("draft state ahead of its sequence");
+      (void)L;
+    }
+    decode_paths(paths, fanout_);
+    for (Path& p : paths) {
+      Seq* s = p.seq;
+      s->computed = static_cast<int64_t>(s->tokens.size()) - 1 + K;
+      s->spec = std::move(p.out);
+      s->ranked = std::move(p.ranked);
+      s->ranked.resize(static_cast<size_t>(K + 1));
+      s->source = SpecSource::kNeural;
+      out.push_back(answer(*s, SpecSource::kNeural, std::move(p.q), false));
+    }
+  }
+  const double seconds = since(t0);
+  if (starts) return;  // a first draft (with the draft's prefill) is no fallback
+  if (last_verify_s_ > 0) {
+    double& tb = kind == Fallback::kFast ? tb_fast_ : tb_neural_;
+    tb = 0.8 * tb + 0.2 * seconds / last_verify_s_;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  (kind == Fallback::kFast ? stats_.fallback_fast : stats_.fallback_neural) += static_cast<int64_t>(seqs.size());
+  stats_.fallback_seconds += seconds;
+  stats_.fallback_batches += 1;
+}
+
+void DraftWorker::build_trees(std::vector<Seq*>& seqs) {
+  const auto t0 = WorkerClock::now();
+  const int64_t K = config_.k;
+  const int64_t bs = cache_->block_size();
+  // 1. The draft distributions at the fork points not known yet (at least
+  //    position K, after the last proposal).
+  std::vector<Path> score;
+  for (Seq* s : seqs) {
+    const auto L = static_cast<int64_t>(s->tokens.size());
+    if (s->computed >= L + K || s->computed > L - 1 + K) continue;
+    Path p;
+    p.seq = s;
+    p.table = &s->table;
+    p.pos0 = s->computed;
+    for (int64_t pos = s->computed; pos < L + K; ++pos)
+      p.feed.push_back(pos < L ? s->tokens[pos] : s->spec[pos - L]);
+    p.rank_from = L - 1;
+    score.push_back(std::move(p));
+  }
+  decode_paths(score, fanout_);
+  for (Path& p : score) {
+    Seq* s = p.seq;
+    const auto L = static_cast<int64_t>(s->tokens.size());
+    const int64_t first = std::max(p.pos0, p.rank_from);
+    for (size_t r = 0; r < p.fed_ranked.size(); ++r) {
+      const int64_t j = first + static_cast<int64_t>(r) - (L - 1);
+      if (j >= 0 && j <= K && s->ranked[j].empty()) s->ranked[j] = std::move(p.fed_ranked[r]);
+    }
+    s->computed = L + K;
+  }
+  const double fork_s = since(t0);
+
+  // 2. Candidates: top-F_j at fork point j, skipping the drafted token there.
+  for (Seq* s : seqs) {
+    const auto L = static_cast<int64_t>(s->tokens.size());
+    for (int64_t j = 0; j <= K; ++j) {
+      int64_t taken = 0;
+      for (int32_t c : s->ranked[j]) {
+        if (taken >= fanout_[j]) break;
+        if (j < K && c == s->spec[j]) continue;
+        ++taken;
+        const int64_t P = L + j;
+        Seq::Branch b;
+        b.j = j;
+        b.c = c;
+        b.shared = P / bs;
+        b.table.blocks.assign(s->table.blocks.begin(), s->table.blocks.begin() + b.shared);
+        if (!cache_->reserve(b.table, P + K)) {
+          cache_->truncate(b.table, b.shared * bs);
+          goto planned;  // out of tree blocks: the tree stays partial
+        }
+        if (P % bs != 0) copy_slots(s->table, b.table, b.shared * bs, P);
+        s->branches.push_back(std::move(b));
+      }
+    }
+  }
+planned:
+  std::vector<Path> paths;
+  for (Seq* s : seqs)
+    for (auto& b : s->branches) {
+      Path p;
+      p.seq = s;
+      p.table = &b.table;
+      p.pos0 = static_cast<int64_t>(s->tokens.size()) + b.j;
+      p.feed = {b.c};
+      p.steps = K;
+      paths.push_back(std::move(p));
+    }
+  const auto t1 = WorkerClock::now();
+  if (!paths.empty()) decode_paths(paths, fanout_, true);
+  const double tree_s = since(t1);
+  size_t next = 0;
+  for (Seq* s : seqs) {
+    for (size_t bi = 0; bi < s->branches.size(); ++bi, ++next) {
+      Path& p = paths[next];
+      Seq::Entry e;
+      e.tokens = std::move(p.out);
+      e.q = std::move(p.q);
+      e.ranked = std::move(p.ranked);
+      e.branch = bi;
+      s->cache.emplace(std::make_pair(s->branches[bi].j, s->branches[bi].c), std::move(e));
+    }
+    s->treed = true;
+  }
+  const double round_s = since(t0);
+  planner_.observe_round(fork_s, tree_s, last_verify_s_ > 0 ? last_verify_s_ : round_s);
+  if (last_verify_s_ > 0) tp_ = 0.8 * tp_ + 0.2 * round_s / last_verify_s_;
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.tree_rounds += 1;
+  stats_.tree_branches += static_cast<int64_t>(paths.size());
+  stats_.tree_seconds += round_s;
+}
+
+void DraftWorker::decode_paths(std::vector<Path>& paths, const std::vector<int64_t>& fanout, bool tree) {
+  if (paths.empty()) return;
+  const int64_t m = std::max<int64_t>(2, *std::max_element(fanout.begin(), fanout.end()) + 1);
+  int64_t forwards = 1;
+  for (const Path& p : paths) forwards = std::max(forwards, p.steps);
+  for (Path& p : paths) {
+    p.out.clear();
+    p.q.assign(static_cast<size_t>(p.steps * vocab_), 0.0f);
+    p.ranked.assign(static_cast<size_t>(p.steps), {});
+    p.fed_ranked.clear();
+  }
+  for (int64_t step = 0; step < forwards; ++step) {
+    const auto t0 = WorkerClock::now();
+    model::ForwardInput in;
+    std::vector<Path*> active;
+    std::vector<int64_t> first_row;  // per active path: its first logit row
+    for (Path& p : paths) {
+      if (step > 0 && step >= p.steps) continue;
+      const auto fed = static_cast<int64_t>(p.feed.size());
+      const int64_t begin = step == 0 ? p.pos0 : p.pos0 + fed + step - 1;
+      const int64_t count = step == 0 ? fed : 1;
+      if (!cache_->reserve(*p.table, begin + count)) throw std::runtime_error("draft KV cache is full");
+      first_row.push_back(static_cast<int64_t>(in.logit_rows.size()));
+      for (int64_t i = 0; i < count; ++i) {
+        const int64_t pos = begin + i;
+        in.tokens.push_back(step == 0 ? p.feed[i] : p.out[step - 1]);
+        in.positions.push_back(static_cast<int32_t>(pos));
+        in.seq_of_token.push_back(static_cast<int32_t>(active.size()));
+        const bool wanted = p.steps > 0 ? i == count - 1 : pos >= p.rank_from;
+        if (wanted) in.logit_rows.push_back(static_cast<int32_t>(in.tokens.size() - 1));
+      }
+      active.push_back(&p);
+    }
+    for (const Path* p : active)
+      in.max_blocks = std::max<int64_t>(in.max_blocks, static_cast<int64_t>(p->table->blocks.size()));
+    in.block_tables.assign(active.size() * static_cast<size_t>(in.max_blocks), 0);
+    for (size_t s = 0; s < active.size(); ++s)
+      std::copy(active[s]->table->blocks.begin(), active[s]->table->blocks.end(),
+                in.block_tables.begin() + static_cast<int64_t>(s) * in.max_blocks);
+    if (model_->config().hidden_size >= 256) in.matmul_min_rows = config_.draft_matmul_min_rows;
+    if (in.logit_rows.empty()) {
+      // Nothing wanted (a score path whose fork points are all known): still write the KV.
+      in.logit_rows.push_back(0);
+    }
+    const at::Tensor logits = model_->forward(in, *cache_, *pool_);
+    const float* rows = logits.data_ptr<float>();
+    // Score-only paths keep rankings; sampling paths draw their next token.
+    std::vector<Path*> sampling;
+    std::vector<const float*> sample_rows;
+    for (size_t a = 0; a < active.size(); ++a) {
+      Path* p = active[a];
+      const int64_t r0 = first_row[a];
+      const int64_t r1 = a + 1 < active.size() ? first_row[a + 1] : static_cast<int64_t>(in.logit_rows.size());
+      if (p->steps == 0) {
+        for (int64_t r = r0; r < r1; ++r) p->fed_ranked.push_back(top_tokens(rows + r * vocab_, vocab_, m));
+        continue;
+      }
+      sampling.push_back(p);
+      sample_rows.push_back(rows + r0 * vocab_);
+    }
+    if (!sampling.empty()) {
+      const auto n = static_cast<int64_t>(sampling.size());
+      std::vector<float> z(static_cast<size_t>(n * vocab_));
+      std::vector<double> temperature(n), top_p(n), downweight(n, config_.saguaro_c), uniforms(n);
+      std::vector<int64_t> top_k(n), fan(n, step < static_cast<int64_t>(fanout.size()) ? fanout[step] : 0), tokens(n);
+      std::vector<float> probs(static_cast<size_t>(n * vocab_));
+      for (int64_t r = 0; r < n; ++r) {
+        const Path* p = sampling[r];
+        std::copy(sample_rows[r], sample_rows[r] + vocab_, z.begin() + r * vocab_);
+        temperature[r] = p->seq->params.temperature;
+        top_k[r] = p->seq->params.top_k;
+        top_p[r] = p->seq->params.top_p;
+        const int64_t pos = p->pos0 + static_cast<int64_t>(p->feed.size()) + step;
+        uniforms[r] = kernels::keyed_uniform(p->seq->seed, static_cast<uint64_t>(pos),
+                                             kernels::RandomPurpose::kDraft);
+      }
+      kernels::SaguaroSampleParams sp;
+      sp.logits = z.data();
+      sp.rows = n;
+      sp.vocab = vocab_;
+      sp.temperature = temperature.data();
+      sp.top_k = top_k.data();
+      sp.top_p = top_p.data();
+      sp.fanout = fan.data();
+      sp.downweight = downweight.data();
+      sp.uniforms = uniforms.data();
+      sp.probs = probs.data();
+      sp.tokens = tokens.data();
+      kernels::saguaro_sample(sp);
+      for (int64_t r = 0; r < n; ++r) {
+        Path* p = sampling[r];
+        p->out.push_back(static_cast<int32_t>(tokens[r]));
+        std::copy(probs.begin() + r * vocab_, probs.begin() + (r + 1) * vocab_, p->q.begin() + step * vocab_);
+        p->ranked[step] = top_tokens(z.data() + r * vocab_, vocab_, m);
+      }
+      if (tree) planner_.observe_tree_step(n, since(t0));
+    }
+  }
+}
+
+void DraftWorker::copy_slots(const model::BlockTable& from, const model::BlockTable& to, int64_t begin,
+                             int64_t end) {
+  if (end <= begin) return;
+  const int64_t bs = cache_->block_size();
+  std::vector<int64_t> src, dst;
+  for (int64_t pos = begin; pos < end; ++pos) {
+    src.push_back(static_cast<int64_t>(from.blocks[pos / bs]) * bs + pos % bs);
+    dst.push_back(static_cast<int64_t>(to.blocks[pos / bs]) * bs + pos % bs);
+  }
+  const at::Tensor& storage = cache_->storage();  // [layers, 2, blocks, bs, heads, dim]
+  const int64_t row = storage.size(4) * storage.size(5);
+  const int64_t slots = storage.size(2) * bs;
+  kernels::KvRows rows;
+  rows.slot_stride = row * static_cast<int64_t>(sizeof(float));
+  rows.kind_stride = slots * rows.slot_stride;
+  rows.layer_stride = 2 * rows.kind_stride;
+  rows.num_slots = slots;
+  kernels::KvCommitParams p;
+  p.cache = storage.data_ptr();
+  p.cache_rows = rows;
+  p.tree = storage.data_ptr();
+  p.tree_rows = rows;
+  p.num_layers = storage.size(0);
+  p.row_bytes = rows.slot_stride;
+  p.src_slots = src.data();
+  p.dst_slots = dst.data();
+  p.n = static_cast<int64_t>(src.size());
+  p.tree_in_cache = true;
+  p.tree_slot_offset = 0;
+  const kernels::KvCommitStatus status = kernels::kv_commit(p);
+  if (status.error != kernels::KvCommitError::kNone)
+    throw std::logic_error("draft KV copy: " + kernels::describe(status));
+}
+
+void DraftWorker::free_tree(Seq& s) {
+  for (auto& b : s.branches) cache_->truncate(b.table, b.shared * cache_->block_size());
+  s.branches.clear();
+  s.cache.clear();
+  s.treed = false;
+}
+
+void DraftWorker::release(Seq& s) {
+  free_tree(s);
+  cache_->truncate(s.table, 0);
+  s.computed = 0;
+}
+
+}  // namespace ssd::runtime

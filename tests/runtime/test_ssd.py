@@ -1,0 +1,226 @@
+"""Asynchronous speculative decoding (mode "ssd", SAGUARO): exact at temperature 0 and in law."""
+import os
+import random
+import time
+
+import pytest
+
+from ssd import LLM, SamplingParams
+from tests.reference import law
+from tests.reference.stats import g_test, samples_for_power
+from tests.reference.tiny_models import TinySpec, build_tiny_model
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ssd")
+    target, _ = build_tiny_model(TinySpec(vocab_size=256, num_layers=3, seed=1, init_std=0.1), root / "t")
+    draft, _ = build_tiny_model(TinySpec(vocab_size=256, num_layers=1, seed=2, init_std=0.1), root / "d")
+    return target, draft
+
+
+def greedy(n):
+    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+
+
+def prompts_32(seed=0):
+    rng = random.Random(seed)
+    return [[rng.randrange(256) for _ in range(rng.randrange(1, 30))] for _ in range(32)]
+
+
+@pytest.fixture(scope="module")
+def ar_greedy(pair):
+    with LLM(pair[0], max_model_len=256) as ar:
+        return [o.token_ids for o in ar.generate(prompts_32(), greedy(64))]
+
+
+@pytest.mark.parametrize("max_batch", [1, 8])
+@pytest.mark.parametrize("variant", ["neural", "fast", "always_miss", "auto"])
+def test_greedy_equals_ar(pair, ar_greedy, max_batch, variant):
+    target, draft = pair
+    kwargs = {"always_miss": True, "fallback": "neural"} if variant == "always_miss" else {"fallback": variant}
+    with LLM(target, draft=draft, mode="ssd", k=3, max_model_len=256, max_batch=max_batch, **kwargs) as ssd:
+        got = [o.token_ids for o in ssd.generate(prompts_32(), greedy(64))]
+        stats = ssd.stats()
+    assert got == ar_greedy
+    assert stats["cache_lookups"] > 0
+    if variant == "neural":
+        assert stats["fallback_neural"] > 0 and stats["fallback_fast"] == 0
+    if variant == "fast":
+        assert stats["fallback_fast"] > 0 and stats["fallback_neural"] == 0
+    if variant == "always_miss":
+        assert stats["cache_hits"] == 0 and stats["fallback_neural"] == stats["cache_lookups"]
+    assert stats["fallback_neural"] + stats["fallback_fast"] == stats["cache_lookups"] - stats["cache_hits"]
+
+
+@pytest.mark.parametrize("max_batch", [1, 8])
+def test_draft_equal_to_target_hits_the_cache(pair, ar_greedy, max_batch):
+    target, _ = pair
+    with LLM(target, draft=target, mode="ssd", k=3, max_model_len=256, max_batch=max_batch) as ssd:
+        got = [o.token_ids for o in ssd.generate(prompts_32(), greedy(64))]
+        stats = ssd.stats()
+    assert got == ar_greedy
+    assert stats["draft_tokens_accepted"] == stats["draft_tokens_proposed"]
+    assert stats["cache_hit_rate"] >= 0.99
+    assert stats["kv_commits"] == stats["cache_hits"]  # every hit reused its branch's KV
+
+
+def test_greedy_with_preemption_equals_ar(pair):
+    target, draft = pair
+    rng = random.Random(1)
+    prompts = [[rng.randrange(256) for _ in range(rng.randrange(4, 40))] for _ in range(24)]
+    with LLM(target, max_model_len=128) as ar:
+        want = [o.token_ids for o in ar.generate(prompts, greedy(48))]
+    with LLM(target, draft=draft, mode="ssd", k=4, max_model_len=128, max_batch=16, kv_block_size=8,
+             kv_capacity_tokens=512, fallback="neural", fanout=[2, 1, 1, 1, 2]) as ssd:
+        got = [o.token_ids for o in ssd.generate(prompts, greedy(48))]
+        stats = ssd.stats()
+    assert stats["num_preemptions"] >= 1
+    assert got == want
+
+
+VOCAB = 4
+PROMPT = [1, 3, 0, 2]
+N_TOKENS = 7  # with k = 2 (up to 3 tokens a round), at least three rounds
+FANOUT = [2, 2, 2]  # F_0..F_K for k = 2: two of the three possible bonus tokens at j < K
+
+
+@pytest.fixture(scope="module")
+def small_pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ssd_law")
+    target, _ = build_tiny_model(TinySpec(vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
+                                          seed=11, init_std=0.1), root / "t")
+    draft, _ = build_tiny_model(TinySpec(vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
+                                         num_layers=1, seed=12, init_std=0.1), root / "d")
+    return target, draft
+
+
+def run_law(small_pair, temperature, top_k, top_p, max_batch, seed0=9_000_000, **engine):
+    """Samples the law test's size from ssd; returns (outputs, stats, target laws)."""
+    target, draft = small_pair
+    with LLM(target, draft=draft, mode="ssd", k=2, max_model_len=32, max_batch=max_batch,
+             max_batched_tokens=8192, fanout=FANOUT, **engine) as ssd:
+        joint = law.exact_joint(ssd.model, PROMPT, N_TOKENS, VOCAB, temperature, top_k, top_p)
+        laws = law.views(joint)
+        n = max(samples_for_power(p, tv=0.01, alpha=0.001, power=0.9) for p in laws)
+        params = [SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=N_TOKENS,
+                                 ignore_eos=True, seed=seed0 + i) for i in range(n)]
+        outs = ssd.generate([PROMPT] * n, params)
+        stats = ssd.stats()
+    return outs, stats, laws
+
+
+LAW_CASES = {
+    # name: (temperature, top_k, top_p, max_batch, engine settings)
+    "C1-neural": (1.0, 0, 1.0, 512, {"saguaro_c": 1.0, "fallback": "neural"}),
+    "C0.3-neural-topk-topp": (0.9, 3, 0.9, 512, {"saguaro_c": 0.3, "fallback": "neural"}),
+    "C1-fast-batch4": (1.0, 0, 1.0, 4, {"saguaro_c": 1.0, "fallback": "fast"}),
+    "C0.3-fast-topk-topp": (0.9, 3, 0.9, 512, {"saguaro_c": 0.3, "fallback": "fast"}),
+    "C0.3-fast-topk": (1.0, 3, 1.0, 512, {"saguaro_c": 0.3, "fallback": "fast"}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LAW_CASES))
+def test_output_law_equals_target(small_pair, case):
+    temperature, top_k, top_p, max_batch, engine = LAW_CASES[case]
+    outs, stats, laws = run_law(small_pair, temperature, top_k, top_p, max_batch, **engine)
+    counts = law.counts_of(outs, VOCAB, N_TOKENS)
+    accept = stats["draft_tokens_accepted"] / stats["draft_tokens_proposed"]
+    assert 0.05 < accept < 0.95, "both acceptance and rejection must be exercised"
+    assert stats["rounds"] >= 3 * len(outs)
+    assert stats["cache_hit_rate"] >= 0.3
+    assert stats["kv_commits"] == stats["cache_hits"] > 0
+    kind = engine["fallback"]
+    assert stats[f"fallback_{kind}"] > 0, f"the {kind} fallback never ran"
+    for expected, observed in zip(laws, law.views(counts)):
+        assert g_test(observed, expected) > 0.001
+
+
+def test_broken_fast_fallback_fails_the_law_test(small_pair, monkeypatch):
+    """Fault injection: fast-fallback proposals verified greedily at temperature 1."""
+    monkeypatch.setenv("SSD_TEST_FAULT", "fast_argmax")
+    outs, stats, laws = run_law(small_pair, 1.0, 0, 1.0, 512, saguaro_c=1.0, fallback="fast")
+    assert stats["fallback_fast"] > 0
+    counts = law.counts_of(outs, VOCAB, N_TOKENS)
+    assert min(g_test(o, e) for o, e in zip(law.views(counts), laws)) < 1e-6
+
+
+def test_seeded_law_run_does_not_depend_on_batch(small_pair):
+    """With the neural fallback and a fixed fan-out a hit and a miss propose
+    the same tokens, so every seeded sample is the same at batch 1 as in the
+    large batches of the law tests: the batch-1 law is the tested law."""
+    target, draft = small_pair
+    params = [SamplingParams(temperature=0.9, top_k=3, top_p=0.9, max_tokens=N_TOKENS, ignore_eos=True,
+                             seed=9_000_000 + i) for i in range(200)]
+    runs = []
+    for max_batch in (512, 4, 1):
+        with LLM(target, draft=draft, mode="ssd", k=2, max_model_len=32, max_batch=max_batch,
+                 fanout=FANOUT, saguaro_c=0.3, fallback="neural") as ssd:
+            runs.append([o.token_ids for o in ssd.generate([PROMPT] * len(params), params)])
+            assert ssd.stats()["cache_hits"] > 0
+    assert runs[0] == runs[1] == runs[2]
+
+
+def test_ssd_config_errors(pair, small_pair):
+    target, draft = pair
+    with pytest.raises(ValueError, match=r"draft vocabulary \(4 tokens\) differs from the target's \(256 tokens\)"):
+        LLM(target, draft=small_pair[1], mode="ssd", max_model_len=64)
+    with pytest.raises(ValueError, match="needs a draft model"):
+        LLM(target, mode="ssd", max_model_len=64)
+    bad = [({"k": 0}, "k: must be > 0"),
+           ({"k": 2, "fanout": [1, 2]}, "fanout: an explicit fan-out lists F_0..F_K, so k \\+ 1 = 3"),
+           ({"fanout": [0, 0, 0, 0, 0]}, "at least one branch"),
+           ({"fanout": [1, -1, 1, 1, 1]}, r"every F_j must be in \[0, 256\]"),
+           ({"fanout": "wide"}, "fanout: must be 'geometric' or a list"),
+           ({"fanout_budget": 0}, "fanout_budget: must be 'auto' or an integer >= 1"),
+           ({"fanout_budget": "big"}, "fanout_budget: must be 'auto'"),
+           ({"saguaro_c": 1.5}, r"saguaro_c: must be in \[0, 1\]"),
+           ({"saguaro_c": -0.1}, r"saguaro_c: must be in \[0, 1\]"),
+           ({"fallback": "ngram"}, "fallback: must be 'auto', 'neural' or 'fast'")]
+    for kwargs, message in bad:
+        with pytest.raises(ValueError, match=message):
+            LLM(target, draft=draft, mode="ssd", max_model_len=64, **kwargs)
+
+
+def test_mixed_batch_cancel_and_shutdown(pair):
+    """Different settings in one batch; a seeded request ignores its batch-mates;
+    cancel ends one request only; shutdown leaves no thread behind."""
+    target, draft = pair
+    # A fixed fan-out and the neural fallback make a seeded request's tokens
+    # independent of hits and misses, hence of timing and batch-mates.
+    kw = dict(draft=draft, mode="ssd", k=3, max_model_len=256, fanout=[1, 1, 1, 1], fallback="neural")
+    seeded = SamplingParams(temperature=0.8, top_k=20, max_tokens=40, ignore_eos=True, seed=3)
+    with LLM(target, **kw) as ssd:
+        alone = ssd.generate([[5, 6, 7]], seeded)[0].token_ids
+    with LLM(target, max_model_len=256) as ar:
+        want_greedy = ar.generate([[9, 9]], greedy(30))[0].token_ids
+        stop_base = ar.generate([[1, 2]], greedy(30))[0].token_ids
+    stop_tok = stop_base[6]
+    prompts = [[5, 6, 7], [9, 9], [4], [1, 2], [8, 8, 8]]
+    params = [seeded, greedy(30), SamplingParams(temperature=1.0, top_p=0.5, max_tokens=25, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, stop_token_ids=[stop_tok]),
+              SamplingParams(temperature=0.7, max_tokens=230, ignore_eos=True)]
+    threads_before = len(os.listdir("/proc/self/task"))
+    ssd = LLM(target, **kw)
+    assert len(os.listdir("/proc/self/task")) >= threads_before + 2  # engine thread + draft worker
+    engine = ssd._engine
+    ids = [engine.enqueue(p, q.core_dict()) for p, q in zip(prompts, params)]
+    got = {i: [] for i in ids}
+    done = {}
+    cancelled = False
+    deadline = time.time() + 120
+    while len(done) < len(ids) and time.time() < deadline:
+        for r in engine.await_responses(0.05):
+            got[r["id"]] += r["tokens"]
+            if r["finished"]:
+                done[r["id"]] = r["finish_reason"]
+        if not cancelled and len(got[ids[4]]) >= 5:
+            engine.cancel(ids[4])
+            cancelled = True
+    assert got[ids[0]] == alone and done[ids[0]] == "length"
+    assert got[ids[1]] == want_greedy
+    assert len(got[ids[2]]) == 25 and done[ids[2]] == "length"
+    assert got[ids[3]] == stop_base[: stop_base.index(stop_tok) + 1] and done[ids[3]] == "stop"
+    assert done[ids[4]] == "cancelled" and 5 <= len(got[ids[4]]) < 230
+    ssd.shutdown()
+    assert len(os.listdir("/proc/self/task")) == threads_before
