@@ -93,6 +93,7 @@ void add_speed(py::dict& d, const SpeedMetrics& m) {
   d["mean_accepted_len"] = m.mean_accepted_len;
   d["tokens_per_round"] = m.tokens_per_round;
   d["cache_hit_rate"] = m.cache_hit_rate;
+  d["fast_acceptance_rate"] = m.fast_acceptance_rate;
   d["e_hit"] = m.e_hit;
   d["e_miss"] = m.e_miss;
   d["t_p"] = m.t_p;
@@ -118,6 +119,8 @@ py::dict metrics_dict(const RequestMetrics& m) {
   d["fallback_fast"] = m.fallback_fast;
   d["hit_tokens"] = m.hit_tokens;
   d["miss_tokens"] = m.miss_tokens;
+  d["fast_tokens_proposed"] = m.fast_tokens_proposed;
+  d["fast_tokens_accepted"] = m.fast_tokens_accepted;
   add_speed(d, speed_metrics(m));
   return d;
 }
@@ -144,6 +147,9 @@ py::dict stats_dict(const EngineStats& s) {
   d["fallback_fast"] = s.fallback_fast;
   d["hit_tokens"] = s.hit_tokens;
   d["miss_tokens"] = s.miss_tokens;
+  d["fast_tokens_proposed"] = s.fast_tokens_proposed;
+  d["fast_tokens_accepted"] = s.fast_tokens_accepted;
+  d["random_token_acceptance"] = s.random_token_acceptance;
   d["kv_commits"] = s.kv_commits;
   d["tree_branches"] = s.tree_branches;
   d["fanout_budget"] = s.fanout_budget;
@@ -193,6 +199,8 @@ PYBIND11_MODULE(_C, m) {
     get(d, "cache_hits", s.cache_hits);
     get(d, "hit_tokens", s.hit_tokens);
     get(d, "miss_tokens", s.miss_tokens);
+    get(d, "fast_tokens_proposed", s.fast_tokens_proposed);
+    get(d, "fast_tokens_accepted", s.fast_tokens_accepted);
     get(d, "verify_steps", s.verify_steps);
     get(d, "verify_seconds", s.verify_seconds);
     get(d, "draft_rounds", s.draft_rounds);

@@ -132,6 +132,7 @@ SpeedMetrics speed_metrics(const EngineStats& s) {
   SpeedMetrics m = counting_metrics(s.rounds, s.draft_tokens_proposed, s.draft_tokens_accepted,
                                     s.cache_lookups, s.cache_hits, s.hit_tokens, s.miss_tokens,
                                     s.generated_tokens);
+  m.fast_acceptance_rate = ratio(static_cast<double>(s.fast_tokens_accepted), static_cast<double>(s.fast_tokens_proposed));
   const double verify = ratio(s.verify_seconds, static_cast<double>(s.verify_steps));
   m.t_p = ratio(ratio(s.draft_round_seconds, static_cast<double>(s.draft_rounds)), verify);
   m.t_b = ratio(ratio(s.fallback_seconds, static_cast<double>(s.fallback_batches)), verify);
@@ -141,8 +142,10 @@ SpeedMetrics speed_metrics(const EngineStats& s) {
 }
 
 SpeedMetrics speed_metrics(const RequestMetrics& r) {
-  return counting_metrics(r.rounds, r.draft_tokens_proposed, r.draft_tokens_accepted, r.cache_lookups,
-                          r.cache_hits, r.hit_tokens, r.miss_tokens, r.generated_tokens);
+  SpeedMetrics m = counting_metrics(r.rounds, r.draft_tokens_proposed, r.draft_tokens_accepted, r.cache_lookups,
+                                    r.cache_hits, r.hit_tokens, r.miss_tokens, r.generated_tokens);
+  m.fast_acceptance_rate = ratio(static_cast<double>(r.fast_tokens_accepted), static_cast<double>(r.fast_tokens_proposed));
+  return m;
 }
 
 int64_t EngineConfig::num_kv_blocks() const {

@@ -156,6 +156,7 @@ class Engine::Impl {
       s.fallback_batches = w.fallback_batches;
       s.fallback_seconds = w.fallback_seconds;
     }
+    s.random_token_acceptance = 1.0 / static_cast<double>(model_->config().vocab_size);
     return s;
   }
 
@@ -492,7 +493,13 @@ class Engine::Impl {
         delta.cache_hits = 1;
         delta.hit_tokens = result.emitted;
       } else {
-        (static_cast<SpecSource>(prop.source) == SpecSource::kFast ? delta.fallback_fast : delta.fallback_neural) = 1;
+        if (static_cast<SpecSource>(prop.source) == SpecSource::kFast) {
+          delta.fallback_fast = 1;
+          delta.fast_tokens_proposed = count;
+          delta.fast_tokens_accepted = accepted;
+        } else {
+          delta.fallback_neural = 1;
+        }
         delta.miss_tokens = result.emitted;
       }
     }
@@ -512,6 +519,8 @@ class Engine::Impl {
       m.fallback_fast += d.fallback_fast;
       m.hit_tokens += d.hit_tokens;
       m.miss_tokens += d.miss_tokens;
+      m.fast_tokens_proposed += d.fast_tokens_proposed;
+      m.fast_tokens_accepted += d.fast_tokens_accepted;
     };
     if (seq == nullptr) {
       for (auto it = responses.rbegin(); it != responses.rend(); ++it)
@@ -532,6 +541,8 @@ class Engine::Impl {
     stats_.fallback_fast += d.fallback_fast;
     stats_.hit_tokens += d.hit_tokens;
     stats_.miss_tokens += d.miss_tokens;
+    stats_.fast_tokens_proposed += d.fast_tokens_proposed;
+    stats_.fast_tokens_accepted += d.fast_tokens_accepted;
   }
 
   int32_t sample(const Sequence& seq, const float* logits) {

@@ -392,15 +392,17 @@ void DraftWorker::build_trees(std::vector<Seq*>& seqs) {
   const int64_t bs = cache_->block_size();
   // 1. The draft distributions at the fork points not known yet (at least
   //    position K, after the last proposal).
+  // Without branches at K (F_K = 0) the last proposal need not be fed yet.
+  const int64_t fork_end = fanout_[K] > 0 ? K : K - 1;
   std::vector<Path> score;
   for (Seq* s : seqs) {
     const auto L = static_cast<int64_t>(s->tokens.size());
-    if (s->computed >= L + K || s->computed > L - 1 + K) continue;
+    if (s->computed >= L + fork_end) continue;
     Path p;
     p.seq = s;
     p.table = &s->table;
     p.pos0 = s->computed;
-    for (int64_t pos = s->computed; pos < L + K; ++pos)
+    for (int64_t pos = s->computed; pos < L + fork_end; ++pos)
       p.feed.push_back(pos < L ? s->tokens[pos] : s->spec[pos - L]);
     p.rank_from = L - 1;
     score.push_back(std::move(p));
@@ -414,7 +416,7 @@ void DraftWorker::build_trees(std::vector<Seq*>& seqs) {
       const int64_t j = first + static_cast<int64_t>(r) - (L - 1);
       if (j >= 0 && j <= K && s->ranked[j].empty()) s->ranked[j] = std::move(p.fed_ranked[r]);
     }
-    s->computed = L + K;
+    s->computed = L + fork_end;
   }
   const double fork_s = since(t0);
 

@@ -79,10 +79,11 @@ def exact_joint(model, temperature, top_k, top_p):
 views = law.views
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.9, 3, 0.9)])
-def test_output_law_equals_target(small_pair, temperature, top_k, top_p):
+@pytest.mark.parametrize("temperature,top_k,top_p,max_batch",
+                         [(1.0, 0, 1.0, 512), (0.9, 3, 0.9, 512), (1.0, 0, 1.0, 1), (0.9, 3, 0.9, 4)])
+def test_output_law_equals_target(small_pair, temperature, top_k, top_p, max_batch):
     target, draft = small_pair
-    with LLM(target, draft=draft, mode="sd", k=2, max_model_len=32, max_batch=512,
+    with LLM(target, draft=draft, mode="sd", k=2, max_model_len=32, max_batch=max_batch,
              max_batched_tokens=8192) as sd:
         joint = exact_joint(sd.model, temperature, top_k, top_p)
         laws = views(joint)

@@ -16,7 +16,8 @@ def setup():
     return pair, chats, params, want
 
 
-@pytest.mark.parametrize("mode,extra", [("sd", {}), ("ssd", {}), ("ssd", {"fallback": "neural"})])
+@pytest.mark.parametrize("mode,extra", [("sd", {}), ("ssd", {}), ("ssd", {"fallback": "neural"}),
+                                        ("ssd", {"fallback": "fast"})])
 def test_speculative_equals_ar_on_regime_pair(setup, mode, extra):
     pair, chats, params, want = setup
     with LLM(str(pair.target), draft=str(pair.draft), mode=mode, k=4, max_model_len=1024, **extra) as llm:
@@ -27,3 +28,7 @@ def test_speculative_equals_ar_on_regime_pair(setup, mode, extra):
     assert 0 < stats["draft_tokens_accepted"] < stats["draft_tokens_proposed"]
     if mode == "ssd":
         assert stats["cache_hits"] > 0 and stats["cache_lookups"] > stats["cache_hits"]
+    if extra.get("fallback") == "fast":
+        # Prompt lookup on real text beats uniformly random proposals (1 / vocab) by far.
+        assert stats["fast_tokens_proposed"] > 0
+        assert stats["fast_acceptance_rate"] > 100 * stats["random_token_acceptance"]

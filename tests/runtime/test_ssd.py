@@ -48,6 +48,7 @@ def test_greedy_equals_ar(pair, ar_greedy, max_batch, variant):
         assert stats["fallback_neural"] > 0 and stats["fallback_fast"] == 0
     if variant == "fast":
         assert stats["fallback_fast"] > 0 and stats["fallback_neural"] == 0
+        assert stats["fast_tokens_proposed"] >= stats["fallback_fast"]
     if variant == "always_miss":
         assert stats["cache_hits"] == 0 and stats["fallback_neural"] == stats["cache_lookups"]
     assert stats["fallback_neural"] + stats["fallback_fast"] == stats["cache_lookups"] - stats["cache_hits"]
@@ -117,6 +118,8 @@ LAW_CASES = {
     "C1-fast-batch4": (1.0, 0, 1.0, 4, {"saguaro_c": 1.0, "fallback": "fast"}),
     "C0.3-fast-topk-topp": (0.9, 3, 0.9, 512, {"saguaro_c": 0.3, "fallback": "fast"}),
     "C0.3-fast-topk": (1.0, 3, 1.0, 512, {"saguaro_c": 0.3, "fallback": "fast"}),
+    "C0.3-fast-topp-batch1": (1.0, 0, 0.8, 1, {"saguaro_c": 0.3, "fallback": "fast"}),
+    "C1-neural-batch1": (1.0, 0, 1.0, 1, {"saguaro_c": 1.0, "fallback": "neural"}),
 }
 
 

@@ -39,6 +39,8 @@ struct RequestMetrics {
   int64_t fallback_fast = 0;
   int64_t hit_tokens = 0;   ///< tokens emitted by rounds verifying a cache hit
   int64_t miss_tokens = 0;  ///< ... verifying a fallback's speculation
+  int64_t fast_tokens_proposed = 0;  ///< draft tokens proposed by the fast (n-gram) fallback
+  int64_t fast_tokens_accepted = 0;
 };
 
 /// A batch of new tokens for one request; the last response of a request has
@@ -75,6 +77,11 @@ struct EngineStats {
   int64_t fallback_fast = 0;
   int64_t hit_tokens = 0;
   int64_t miss_tokens = 0;
+  int64_t fast_tokens_proposed = 0;
+  int64_t fast_tokens_accepted = 0;
+  /// What a uniformly random one-hot proposal would be accepted with:
+  /// E_x~U[p(x)] = 1 / vocab at any temperature (the fast fallback's baseline).
+  double random_token_acceptance = 0.0;
   int64_t kv_commits = 0;       ///< hits whose branch KV was moved into the sequence
   int64_t tree_branches = 0;    ///< branches tree-decoded, all rounds
   int64_t fanout_budget = 0;    ///< the current budget B
@@ -99,6 +106,7 @@ struct SpeedMetrics {
   double mean_accepted_len = 0.0;  ///< accepted draft tokens per round
   double tokens_per_round = 0.0;
   double cache_hit_rate = 0.0;     ///< rounds whose outcome was in the cache / lookups
+  double fast_acceptance_rate = 0.0;  ///< acceptance of the fast fallback's proposals
   double e_hit = 0.0;              ///< tokens per round on hits
   double e_miss = 0.0;             ///< tokens per round on misses
   double t_p = 0.0;                ///< draft round time / verify time
