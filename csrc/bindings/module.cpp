@@ -8,6 +8,8 @@
 #include "../kernels/cpu/sampling.h"
 #include "../model/model.h"
 #include "../model/runner.h"
+#include "../runtime/fanout.h"
+#include "../runtime/ngram.h"
 #include "ssd/engine.h"
 
 namespace py = pybind11;
@@ -213,6 +215,9 @@ PYBIND11_MODULE(_C, m) {
     add_speed(out, speed_metrics(s));
     return out;
   });
+  m.def("geometric_fanout", &runtime::geometric_fanout, py::arg("k"), py::arg("budget"),
+        py::arg("acceptance"), py::arg("miss_exponent"));
+  m.def("ngram_propose", &runtime::ngram_propose, py::arg("tokens"), py::arg("k"), py::arg("max_n") = 3);
   m.def("validate_model_config", [](const py::dict& d) { model_config_from(d); });
   m.def("validate_engine_config", [](const py::dict& d) { engine_config_from(d); });
   m.def("validate_sampling_params",

@@ -150,7 +150,31 @@ void DraftWorker::loop() {
       messages.assign(std::make_move_iterator(inbox_.begin()), std::make_move_iterator(inbox_.end()));
       inbox_.clear();
     }
-    handle(messages);
+    std::vector<std::pair<RequestId, uint64_t>> asked;
+    for (const auto& m : messages)
+      if (m.kind != SpecMessage::Kind::kRelease) asked.emplace_back(m.id, m.epoch);
+    try {
+      handle(messages);
+    } catch (const std::exception& e) {
+      // Unexpected: end the sequences of this batch with the error instead of
+      // leaving the target waiting for them.
+      std::vector<Speculation> failed;
+      for (const auto& [id, epoch] : asked) {
+        Speculation r;
+        r.id = id;
+        r.epoch = epoch;
+        r.error = std::string("draft worker failed: ") + e.what();
+        failed.push_back(std::move(r));
+        auto it = seqs_.find(id);
+        if (it != seqs_.end()) {
+          release(*it->second);
+          seqs_.erase(it);
+        }
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& r : failed) outbox_.push_back(std::move(r));
+      ready_.notify_all();
+    }
   }
   for (auto& [id, s] : seqs_) release(*s);
   seqs_.clear();

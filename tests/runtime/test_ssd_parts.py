@@ -1,0 +1,61 @@
+"""The pieces of mode ssd that are plain functions: fan-out, n-gram proposals, the speed model."""
+import math
+
+import pytest
+
+from ssd import _C
+
+
+def geometric_weights(k, a, r):
+    e = 1 / (1 + r)
+    w = [a ** (j * e) for j in range(k)] + [a ** (k * e) * (1 - a) ** (-e)]
+    return [x / sum(w) for x in w]
+
+
+@pytest.mark.parametrize("k,budget,a,r", [(4, 8, 0.75, 1.0), (4, 100, 0.5, 0.5), (2, 7, 0.9, 2.0),
+                                          (6, 1000, 0.3, 1.0)])
+def test_geometric_fanout_follows_the_formula(k, budget, a, r):
+    f = _C.geometric_fanout(k, budget, a, r)
+    assert len(f) == k + 1 and sum(f) == budget and min(f) >= 0
+    # Rounded shares: each F_j within one of its real-valued share of the budget.
+    for fj, wj in zip(f, geometric_weights(k, a, r)):
+        assert abs(fj - budget * wj) < 1.0
+    # The fan-out shrinks along the path (j < K) by the factor a^(1/(1+r)) per step.
+    if budget >= 100:
+        assert f[0] >= f[1] >= f[k - 1]
+        assert f[1] / f[0] == pytest.approx(a ** (1 / (1 + r)), rel=0.1)
+
+
+def test_geometric_fanout_puts_more_at_k_when_acceptance_is_high():
+    low, high = _C.geometric_fanout(4, 20, 0.3, 1.0), _C.geometric_fanout(4, 20, 0.95, 1.0)
+    assert high[4] > low[4] and high[0] < low[0]
+
+
+def test_ngram_proposals():
+    # The last 3 tokens (7, 8, 9) occurred before, followed by 10, 11.
+    assert _C.ngram_propose([7, 8, 9, 10, 11, 5, 7, 8, 9], 2) == [10, 11]
+    # The latest occurrence wins; a match near the end continues into its own proposals.
+    assert _C.ngram_propose([1, 2, 1, 2], 5) == [1, 2, 1, 2, 1]
+    # No 3- or 2-gram match: fall back to the last token alone (4 occurred before, then 6).
+    assert _C.ngram_propose([4, 6, 9, 4], 3) == [6, 9, 4]
+    # Nothing matches at all: repeat the last token.
+    assert _C.ngram_propose([1, 2, 3], 3) == [3, 3, 3]
+    assert _C.ngram_propose([5], 2) == [5, 5]
+
+
+def test_speed_model_formula():
+    counters = dict(rounds=12, draft_tokens_proposed=48, draft_tokens_accepted=20, generated_tokens=34,
+                    cache_lookups=10, cache_hits=6, hit_tokens=24, miss_tokens=8,
+                    verify_steps=10, verify_seconds=1.0, draft_rounds=10, draft_round_seconds=1.5,
+                    fallback_batches=4, fallback_seconds=0.2, forward_seconds=1.2, active_seconds=1.6)
+    m = _C.speed_metrics(counters)
+    assert m["acceptance_rate"] == pytest.approx(20 / 48)
+    assert m["cache_hit_rate"] == pytest.approx(0.6)
+    assert m["e_hit"] == pytest.approx(4.0) and m["e_miss"] == pytest.approx(2.0)
+    assert m["t_p"] == pytest.approx(1.5) and m["t_b"] == pytest.approx(0.5)
+    # (p E_hit + (1-p) E_miss) / (p max(1, T_p) + (1-p)(1 + T_b))
+    assert m["predicted_speedup"] == pytest.approx((0.6 * 4 + 0.4 * 2) / (0.6 * 1.5 + 0.4 * 1.5))
+    assert m["target_busy_fraction"] == pytest.approx(0.75)
+    fast_draft = _C.speed_metrics({**counters, "draft_round_seconds": 0.5})  # T_p < 1 costs nothing extra
+    assert fast_draft["predicted_speedup"] == pytest.approx((0.6 * 4 + 0.4 * 2) / (0.6 * 1.0 + 0.4 * 1.5))
+    assert _C.speed_metrics({})["predicted_speedup"] == 0.0
