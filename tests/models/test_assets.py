@@ -26,6 +26,22 @@ def test_mtbench_prompts():
     assert assets.mtbench_prompts(5) == prompts[:5]
 
 
+def test_sharegpt_prompts():
+    prompts = assets.sharegpt_prompts(20)
+    assert len(prompts) == 20 and all(isinstance(p, str) and p.strip() for p in prompts)
+    assert prompts[0].startswith("Summarize the main ideas of Jeff Walker")
+    assert assets.sharegpt_prompts(3) == prompts[:3]
+
+
+def test_sharegpt_reads_records_up_to_the_cut(monkeypatch):
+    """A truncated array: every complete record is read, the cut one is dropped."""
+    data = (b'[{"id": "a", "conversations": [{"from": "gpt", "value": "x"}, {"from": "human", "value": "first"}]},'
+            b' {"id": "b", "conversations": []}, {"id": "c", "conversations": [{"from": "human", "value": "sec')
+    monkeypatch.setattr(assets, "_read_asset", lambda asset, cache_dir: data)
+    assert assets.sharegpt_prompts() == ["first"]
+    assert assets.sharegpt_prompts(1) == ["first"]
+
+
 def test_bad_n():
     with pytest.raises(ValueError, match="n must be"):
         assets.humaneval_prompts(-1)

@@ -118,7 +118,7 @@ LAW_CASES = {
     "C1-fast-batch4": (1.0, 0, 1.0, 4, {"saguaro_c": 1.0, "fallback": "fast"}),
     "C0.3-fast-topk-topp": (0.9, 3, 0.9, 512, {"saguaro_c": 0.3, "fallback": "fast"}),
     "C0.3-fast-topk": (1.0, 3, 1.0, 512, {"saguaro_c": 0.3, "fallback": "fast"}),
-    "C0.3-fast-topp-batch1": (1.0, 0, 0.8, 1, {"saguaro_c": 0.3, "fallback": "fast"}),
+    "C0.3-fast-topp-batch1": (1.0, 0, 0.6, 1, {"saguaro_c": 0.3, "fallback": "fast"}),
     "C1-neural-batch1": (1.0, 0, 1.0, 1, {"saguaro_c": 1.0, "fallback": "neural"}),
 }
 

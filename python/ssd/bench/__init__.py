@@ -1,0 +1,41 @@
+"""``python -m ssd.bench``: AR, SD and SSD side by side on real prompts, the speed model checked.
+
+The default pair is CONSTRUCTED (``ssd.testing.regime_pair``: draft =
+SmolLM2-135M-Instruct as shipped, target = the same model with ballast and
+perturbing layers; it claims nothing about any published model). ``--target``
+and ``--draft`` run any other pair.
+
+Measured per run (a mode at one dataset, batch size and temperature):
+
+* decode tok/s: generated tokens minus each request's first, over the time
+  from the first token to the last (prefill excluded), summed over the groups
+  of ``batch`` requests that run together;
+* end-to-end tok/s (all tokens over wall time) and mean time to first token;
+* the engine's own metrics over the run's requests only (counter deltas fed to
+  ``ssd._C.speed_metrics``, the one definition): acceptance rate, mean
+  accepted length, cache hit rate, E_hit, E_miss, T_p, T_b, target busy
+  fraction, fallback counts.
+
+Predicted per run, from component times measured IN ISOLATION at the run's
+batch size and mean context (``ssd._C.SequenceRunner``, the placement's
+threads), never from the run's round times:
+
+* ar:  B / t_ar(B)
+* sd:  B * tokens_per_round / (K t_d(B) + t_verify(B))
+* ssd: B (p E_hit + (1 - p) E_miss) / (t_verify(B) (P max(1, T_p) + (1 - P)(1 + T_b)))
+  with T_p = (t_d(B) + K t_tree(rows)) / t_verify(B) (fork-point forward and
+  K tree steps over the run's mean branch rows), T_b = (neural share) K
+  t_d(B) / t_verify(B), p the hit rate and P = p^B the chance that no
+  sequence of the batch misses.
+
+Placement: in every mode the target gets ``--target-threads`` (default 1);
+``sd`` runs its draft on the target's threads (the two take turns), ``ssd``
+gives the draft worker its own ``--draft-threads`` (the machine's other core),
+as the paper gives the draft its own GPU. "same total hardware" rows rerun
+``ar`` and ``sd`` with target_threads = target + draft threads.
+"""
+from __future__ import annotations
+
+from .core import BenchConfig, run_bench
+
+__all__ = ["BenchConfig", "run_bench"]

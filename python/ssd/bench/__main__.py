@@ -1,0 +1,154 @@
+"""python -m ssd.bench: see ``ssd.bench`` (``python -m ssd.bench --help``)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .core import DATASETS, MODES, BenchConfig, run_bench
+
+
+def _list(kind):
+    def parse(text: str):
+        try:
+            return [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {kind.__name__}: {text!r}") from exc
+    return parse
+
+
+def _fanout(text: str):
+    return text if text == "geometric" else _list(int)(text)
+
+
+def _budget(text: str):
+    return text if text == "auto" else int(text)
+
+
+def parse_args(argv=None) -> tuple[BenchConfig, argparse.Namespace]:
+    ap = argparse.ArgumentParser(prog="python -m ssd.bench",
+                                 description="AR, SD and SSD side by side on real prompts, beside the speed model.")
+    ap.add_argument("--target", help="target model (HF directory or GGUF); default: the constructed regime pair")
+    ap.add_argument("--draft", help="draft model (with --target)")
+    ap.add_argument("--regime-acceptance", type=float, default=0.75, help="constructed pair: teacher-forced agreement")
+    ap.add_argument("--regime-cost-ratio", type=float, default=0.25, help="constructed pair: draft cost / target cost")
+    ap.add_argument("--datasets", type=_list(str), default=["humaneval", "mtbench"],
+                    help=f"comma-separated, from {','.join(DATASETS)}")
+    ap.add_argument("--num-prompts", type=int, default=4, help="prompts per dataset")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--batch", type=_list(int), default=[1], help="batch sizes, e.g. 1,2,4,8")
+    ap.add_argument("--temperature", type=_list(float), default=[0.0], help="e.g. 0,0.7,1.0")
+    ap.add_argument("--modes", type=_list(str), default=list(MODES))
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--fanout", type=_fanout, default="geometric", help="'geometric' or F_0,..,F_K")
+    ap.add_argument("--fanout-budget", type=_budget, default="auto")
+    ap.add_argument("--saguaro-c", type=float, default=1.0)
+    ap.add_argument("--fallback", default="auto", choices=["auto", "neural", "fast"])
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--target-threads", type=int, default=1)
+    ap.add_argument("--draft-threads", type=int, default=1)
+    ap.add_argument("--no-same-total-hardware", action="store_true",
+                    help="skip the ar/sd reruns on target + draft threads")
+    ap.add_argument("--peers", type=_list(str), default=[], help="'hf': transformers generate + assisted generation")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="smoke run: 1 prompt per dataset, 24 tokens")
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--plots", help="write PNG plots into this directory")
+    args = ap.parse_args(argv)
+    cfg = BenchConfig(target=args.target, draft=args.draft, regime_acceptance=args.regime_acceptance,
+                      regime_cost_ratio=args.regime_cost_ratio, datasets=args.datasets,
+                      num_prompts=args.num_prompts, max_tokens=args.max_tokens, batches=args.batch,
+                      temperatures=args.temperature, modes=args.modes, k=args.k, fanout=args.fanout,
+                      fanout_budget=args.fanout_budget, saguaro_c=args.saguaro_c, fallback=args.fallback,
+                      dtype=args.dtype, target_threads=args.target_threads, draft_threads=args.draft_threads,
+                      same_total_hardware=not args.no_same_total_hardware, peers=args.peers, seed=args.seed)
+    if args.quick:
+        cfg.num_prompts, cfg.max_tokens = 1, 24
+    return cfg, args
+
+
+def _f(x, spec=".2f"):
+    return "-" if x is None else format(x, spec)
+
+
+def print_table(result: dict, out=sys.stdout) -> None:
+    pair, cfg = result["pair"], result["config"]
+    label = pair.get("label") or f"{pair['target']} / {pair['draft']}"
+    print(f"pair: {label}", file=out)
+    if pair.get("constructed"):
+        print(f"      requested acceptance {pair['requested']['acceptance']}, cost ratio "
+              f"{pair['requested']['cost_ratio']}; measured agreement {pair['measured']['agreement']:.3f}", file=out)
+    print(f"k={cfg['k']} fanout={cfg['fanout']} budget={cfg['fanout_budget']} C={cfg['saguaro_c']} "
+          f"fallback={cfg['fallback']} dtype={cfg['dtype']} max_tokens={cfg['max_tokens']} "
+          f"prompts/dataset={cfg['num_prompts']}", file=out)
+    cols = [("dataset", 9, "<"), ("B", 2, ">"), ("T", 4, ">"), ("mode", 11, "<"), ("placement", 38, "<"),
+            ("dec tok/s", 9, ">"), ("pred", 8, ">"), ("x AR", 5, ">"), ("pred x", 6, ">"), ("e2e", 8, ">"),
+            ("ttft", 5, ">"), ("acc", 5, ">"), ("len", 4, ">"), ("hit", 4, ">"), ("busy", 4, ">"),
+            ("T_p", 4, ">"), ("T_b", 4, ">"), ("nrl", 4, ">"), ("fast", 4, ">")]
+
+    def row(values):
+        return " ".join(f"{str(v)[:w]:{a}{w}}" for v, (_, w, a) in zip(values, cols))
+
+    head = row([c[0] for c in cols])
+    print(head, file=out)
+    print("-" * len(head), file=out)
+    for r in result["runs"]:
+        spec, ssd = r["mode"] != "ar", r["mode"] == "ssd"
+        print(row([r["dataset"], r["batch_size"], f"{r['temperature']:.1f}", r["mode"], r["placement"],
+                   f"{r['decode_tok_per_s']:.2f}", _f(r["predicted_tok_per_s"]), _f(r["measured_speedup"]),
+                   _f(r["predicted_speedup_isolated"]), f"{r['e2e_tok_per_s']:.2f}", f"{r['ttft_s']:.2f}",
+                   _f(r["acceptance_rate"] if spec else None), _f(r["mean_accepted_len"] if spec else None),
+                   _f(r["cache_hit_rate"] if ssd else None), f"{r['target_busy_fraction']:.2f}",
+                   _f(r["t_p"] if ssd else None), _f(r["t_b"] if ssd else None),
+                   r["counters"]["fallback_neural"], r["counters"]["fallback_fast"]]), file=out)
+    for p in result["peers"]:
+        print(row([p["dataset"], p["batch_size"], f"{p['temperature']:.1f}", p["peer"],
+                   f"torch {p['threads']} thr", f"{p['decode_tok_per_s']:.2f}", "", "", "",
+                   f"{p['e2e_tok_per_s']:.2f}", f"{p['ttft_s']:.2f}"]), file=out)
+    # Headline ratios per (dataset, batch, temperature).
+    keys = sorted({(r["dataset"], r["batch_size"], r["temperature"]) for r in result["runs"]})
+    for key in keys:
+        rs = {(r["mode"], r["same_total_hardware"]): r for r in result["runs"]
+              if (r["dataset"], r["batch_size"], r["temperature"]) == key}
+        ssd, sd, ar = rs.get(("ssd", False)), rs.get(("sd", False)), rs.get(("ar", False))
+        if not (ssd and sd and ar):
+            continue
+        line = (f"{key[0]} B={key[1]} T={key[2]}: SSD/SD {ssd['decode_tok_per_s'] / sd['decode_tok_per_s']:.2f}x, "
+                f"SSD/max(AR,SD) {ssd['decode_tok_per_s'] / max(sd['decode_tok_per_s'], ar['decode_tok_per_s']):.2f}x")
+        if ssd["predicted_speedup_isolated"]:
+            err = ssd["measured_speedup"] / ssd["predicted_speedup_isolated"] - 1
+            line += f", SSD speedup over AR measured {ssd['measured_speedup']:.2f}x vs model " \
+                    f"{ssd['predicted_speedup_isolated']:.2f}x ({err:+.0%})"
+        total = [rs.get((m, True)) for m in ("ar", "sd")]
+        total = [t for t in total if t]
+        if total:
+            best = max(total, key=lambda t: t["decode_tok_per_s"])
+            line += (f"; same total hardware: best {best['mode']} on {best['target_threads']} thr "
+                     f"{best['decode_tok_per_s']:.2f} tok/s -> SSD {ssd['decode_tok_per_s'] / best['decode_tok_per_s']:.2f}x")
+        print(line, file=out)
+
+
+def main(argv=None) -> int:
+    cfg, args = parse_args(argv)
+    try:
+        cfg.validate()
+    except ValueError as exc:
+        print(f"python -m ssd.bench: {exc}", file=sys.stderr)
+        return 2
+    result = run_bench(cfg)
+    print_table(result)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.json}")
+    if args.plots:
+        from .plots import write_plots
+
+        for path in write_plots(result, Path(args.plots)):
+            print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+"""The benchmark's runs, isolated component times and speed-model predictions."""
+from __future__ import annotations
+
+import platform
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+from tqdm import tqdm
+
+DATASETS = ("humaneval", "mtbench", "sharegpt", "random")
+MODES = ("ar", "sd", "ssd")
+COUNTERS = ("rounds", "draft_tokens_proposed", "draft_tokens_accepted", "cache_lookups", "cache_hits",
+            "fallback_neural", "fallback_fast", "hit_tokens", "miss_tokens", "kv_commits", "tree_branches",
+            "verify_steps", "verify_seconds", "active_seconds", "target_wait_seconds", "draft_rounds",
+            "draft_round_seconds", "fallback_batches", "fallback_seconds", "forward_seconds",
+            "generated_tokens", "steps", "fast_tokens_proposed", "fast_tokens_accepted")
+
+
+@dataclass
+class BenchConfig:
+    """What ``python -m ssd.bench`` runs (see ``--help`` for each field)."""
+
+    target: str | None = None
+    draft: str | None = None
+    regime_acceptance: float = 0.75
+    regime_cost_ratio: float = 0.25
+    datasets: list[str] = field(default_factory=lambda: ["humaneval", "mtbench"])
+    num_prompts: int = 4
+    max_tokens: int = 64
+    batches: list[int] = field(default_factory=lambda: [1])
+    temperatures: list[float] = field(default_factory=lambda: [0.0])
+    modes: list[str] = field(default_factory=lambda: list(MODES))
+    k: int = 4
+    fanout: str | list[int] = "geometric"
+    fanout_budget: str | int = "auto"
+    saguaro_c: float = 1.0
+    fallback: str = "auto"
+    dtype: str = "float32"
+    target_threads: int = 1
+    draft_threads: int = 1
+    same_total_hardware: bool = True
+    peers: list[str] = field(default_factory=list)
+    seed: int = 0
+    max_model_len: int = 2048
+
+    def validate(self) -> None:
+        for d in self.datasets:
+            if d not in DATASETS:
+                raise ValueError(f"datasets: unknown dataset {d!r} (choose from {', '.join(DATASETS)})")
+        for m in self.modes:
+            if m not in MODES:
+                raise ValueError(f"modes: unknown mode {m!r} (choose from {', '.join(MODES)})")
+        for p in self.peers:
+            if p != "hf":
+                raise ValueError(f"peers: unknown peer {p!r} (only 'hf': transformers generate and assisted generation)")
+        if (self.target is None) != (self.draft is None):
+            raise ValueError("target/draft: give both (or neither, for the constructed regime pair)")
+        for name in ("num_prompts", "max_tokens", "k", "target_threads", "draft_threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if any(b < 1 for b in self.batches):
+            raise ValueError(f"batch: every batch size must be >= 1, got {self.batches}")
+        if any(t < 0 for t in self.temperatures):
+            raise ValueError(f"temperature: must be >= 0, got {self.temperatures}")
+
+
+def load_prompts(dataset: str, n: int, tokenizer, seed: int, vocab: int) -> list[list[int]]:
+    """n prompts as token ids: the text datasets chat-rendered and tokenized; 'random' 64 random ids."""
+    from ssd import assets
+
+    if dataset == "random":
+        rng = random.Random(seed)
+        return [[rng.randrange(vocab) for _ in range(64)] for _ in range(n)]
+    questions = {"humaneval": assets.humaneval_prompts, "mtbench": assets.mtbench_prompts,
+                 "sharegpt": assets.sharegpt_prompts}[dataset](n)
+    if tokenizer is None:
+        raise ValueError(f"datasets: {dataset} needs a model with a tokenizer")
+    return [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": q}],
+                                                           add_generation_prompt=True))
+            for q in questions]
+
+
+def run_engine(target, draft, mode: str, prompts: list, cfg: BenchConfig, batch: int, temperature: float,
+               target_threads: int, label: str) -> dict:
+    """One mode over the prompts in groups of `batch`; returns the run's measurements."""
+    from ssd import LLM, SamplingParams, _C
+
+    max_len = min(cfg.max_model_len, target.config.max_position_embeddings)
+    kwargs = dict(mode=mode, max_model_len=max_len, max_batch=batch, target_threads=target_threads,
+                  draft_threads=cfg.draft_threads, dtype=cfg.dtype, k=cfg.k)
+    if mode == "ssd":
+        kwargs.update(fanout=cfg.fanout, fanout_budget=cfg.fanout_budget, saguaro_c=cfg.saguaro_c,
+                      fallback=cfg.fallback)
+    with LLM(target, draft=None if mode == "ar" else draft, **kwargs) as llm:
+        def params(i, n=cfg.max_tokens):
+            return SamplingParams(temperature=temperature, max_tokens=n, ignore_eos=True, seed=cfg.seed + i)
+
+        llm.generate(prompts[:1], params(0, 8))  # warm-up (first-use costs, page faults)
+        before = llm.stats()
+        decode_s = wall_s = 0.0
+        decode_tokens = tokens = 0
+        ttft, contexts = [], []
+        for g in tqdm(range(0, len(prompts), batch), desc=f"{label} {mode}", leave=False):
+            group = prompts[g:g + batch]
+            t0 = time.perf_counter()
+            outs = llm.generate(group, [params(g + i) for i in range(len(group))])
+            wall_s += time.perf_counter() - t0
+            metrics = [o.metrics for o in outs]
+            decode_s += max(m["finish_time"] for m in metrics) - min(m["time_to_first_token"] for m in metrics)
+            decode_tokens += sum(m["generated_tokens"] - 1 for m in metrics)
+            tokens += sum(m["generated_tokens"] for m in metrics)
+            ttft += [m["time_to_first_token"] for m in metrics]
+            contexts += [m["prompt_tokens"] + m["generated_tokens"] / 2 for m in metrics]
+        after = llm.stats()
+    counters = {key: after[key] - before[key] for key in COUNTERS}
+    metrics = _C.speed_metrics(counters)
+    return {"mode": mode, "batch_size": batch, "temperature": temperature, "k": cfg.k if mode != "ar" else 0,
+            "target_threads": target_threads, "draft_threads": cfg.draft_threads if mode == "ssd" else 0,
+            "placement": placement_name(mode, target_threads, cfg),
+            "decode_tok_per_s": decode_tokens / decode_s if decode_s > 0 else 0.0,
+            "e2e_tok_per_s": tokens / wall_s, "ttft_s": statistics.mean(ttft),
+            "mean_context": statistics.mean(contexts), "counters": counters,
+            "fanout": after.get("fanout"), "fanout_budget": after.get("fanout_budget"),
+            "random_token_acceptance": after.get("random_token_acceptance", 0.0), **metrics}
+
+
+def placement_name(mode: str, target_threads: int, cfg: BenchConfig) -> str:
+    if mode == "ssd":
+        return f"target {target_threads} thr + draft {cfg.draft_threads} thr (own core)"
+    if mode == "sd":
+        return f"target+draft share {target_threads} thr"
+    return f"target {target_threads} thr"
+
+
+def _median_forward(runner, batch, all_logits=False, matmul_min_rows=0, repeats=3):
+    """Median seconds of one forward appending `batch` (undone after each timing)."""
+    times = []
+    for _ in range(repeats):
+        lengths = {sid: runner.length(sid) for sid, _ in batch}
+        t = time.perf_counter()
+        runner.extend(batch, all_logits, matmul_min_rows)
+        times.append(time.perf_counter() - t)
+        for sid, n in lengths.items():
+            runner.truncate(sid, n)
+    return statistics.median(times)
+
+
+def components(target_core, draft_core, context: float, k: int, batch: int, tree_rows: int,
+               target_threads: int, draft_threads: int, matmul_min_rows: int = 0) -> dict:
+    """Isolated component times (seconds) at `context` tokens for `batch` sequences."""
+    from ssd import _C
+
+    vocab = target_core.vocab_size
+    prompt = [(7 * i + 3) % vocab for i in range(max(1, int(context)))]
+    out = {}
+    blocks = (batch + 1) * (int(context) // 16 + 8)
+    r = _C.SequenceRunner(target_core, blocks, 16, target_threads)
+    ids = [r.add_sequence() for _ in range(batch)]
+    r.extend([(i, prompt) for i in ids], False)
+    out["t_ar"] = _median_forward(r, [(i, [11 % vocab]) for i in ids])
+    out["t_verify"] = _median_forward(r, [(i, [t % vocab for t in range(20, 21 + k)]) for i in ids],
+                                      all_logits=True)
+    del r
+    if draft_core is not None:
+        rows = max(batch, tree_rows)
+        r = _C.SequenceRunner(draft_core, (rows + 1) * (int(context) // 16 + 8), 16, draft_threads)
+        ids = [r.add_sequence() for _ in range(rows)]
+        r.extend([(i, prompt) for i in ids], False)
+        out["t_draft"] = _median_forward(r, [(i, [11 % vocab]) for i in ids[:batch]])
+        out["t_tree"] = _median_forward(r, [(i, [11 % vocab]) for i in ids[:max(1, tree_rows)]],
+                                        matmul_min_rows=matmul_min_rows)
+        out["tree_rows"] = max(1, tree_rows)
+        del r
+    return out
+
+
+def predict(run: dict, c: dict, k: int) -> float:
+    """The speed model's decode tok/s for a run, from isolated component times."""
+    b = run["batch_size"]
+    if run["mode"] == "ar":
+        return b / c["t_ar"]
+    if run["mode"] == "sd":
+        return b * run["tokens_per_round"] / (k * c["t_draft"] + c["t_verify"])
+    cnt = run["counters"]
+    misses = cnt["fallback_neural"] + cnt["fallback_fast"]
+    neural_share = cnt["fallback_neural"] / misses if misses else 1.0
+    t_p = (c["t_draft"] + k * c["t_tree"]) / c["t_verify"]
+    t_b = neural_share * k * c["t_draft"] / c["t_verify"]
+    p = run["cache_hit_rate"]
+    all_hit = p ** b
+    tokens = p * run["e_hit"] + (1 - p) * run["e_miss"]
+    return b * tokens / (c["t_verify"] * (all_hit * max(1.0, t_p) + (1 - all_hit) * (1 + t_b)))
+
+
+def machine() -> dict:
+    import os
+
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "python": platform.python_version()}
+
+
+def as_dict(cfg: BenchConfig) -> dict:
+    return asdict(cfg)
+
+
+def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
+    """Runs every (dataset, batch, temperature, mode) combination; returns the JSON document."""
+    import torch
+
+    from ssd import models
+    from ssd.testing import regime_pair
+
+    cfg.validate()
+    if cfg.target is None:
+        pair = regime_pair(acceptance=cfg.regime_acceptance, cost_ratio=cfg.regime_cost_ratio, progress=progress)
+        target_path, draft_path = str(pair.target), str(pair.draft)
+        pair_info = {"constructed": True, "label": "CONSTRUCTED regime pair (not a published model)",
+                     "target": target_path, "draft": draft_path, **pair.info}
+    else:
+        target_path, draft_path = cfg.target, cfg.draft
+        pair_info = {"constructed": False, "target": target_path, "draft": draft_path}
+    dtype = getattr(torch, cfg.dtype)
+    target = models.load(target_path, dtype=dtype)
+    draft = models.load(draft_path, dtype=dtype)
+    runs = []
+    combos = [(d, b, t) for d in cfg.datasets for b in cfg.batches for t in cfg.temperatures]
+    todo = []
+    for d, b, t in combos:
+        for mode in cfg.modes:
+            todo.append((d, b, t, mode, cfg.target_threads))
+        if cfg.same_total_hardware:
+            for mode in ("ar", "sd"):
+                if mode in cfg.modes:
+                    todo.append((d, b, t, mode, cfg.target_threads + cfg.draft_threads))
+    prompts_of = {d: load_prompts(d, cfg.num_prompts, target.tokenizer, cfg.seed, target.config.vocab_size)
+                  for d in cfg.datasets}
+    for d, b, t, mode, threads in tqdm(todo, desc="runs", disable=not progress):
+        run = run_engine(target, draft, mode, prompts_of[d], cfg, b, t, threads, label=f"{d} b{b} T{t}")
+        run["dataset"] = d
+        run["same_total_hardware"] = threads != cfg.target_threads
+        runs.append(run)
+    # Component times in isolation, per batch size, at the mean context of the runs.
+    context = statistics.mean(r["mean_context"] for r in runs)
+    comp = {}
+    for b in tqdm(cfg.batches, desc="components", disable=not progress):
+        ssd_runs = [r for r in runs if r["mode"] == "ssd" and r["batch_size"] == b]
+        rows = max((round(r["counters"]["tree_branches"] / max(1, r["counters"]["draft_rounds"])) for r in ssd_runs),
+                   default=1)
+        # The engine's tree uses the bf16 matmul path for drafts with hidden_size >= 256.
+        matmul = 4 if draft.config.hidden_size >= 256 else 0
+        comp[b] = components(target.core_model(), draft.core_model(), context, cfg.k, b, rows,
+                             cfg.target_threads, cfg.draft_threads, matmul)
+    for r in runs:
+        if r["same_total_hardware"]:
+            r["predicted_tok_per_s"] = None
+            continue
+        r["predicted_tok_per_s"] = predict(r, comp[r["batch_size"]], cfg.k)
+    # Speedups over ar with the same target hardware, measured and predicted.
+    for r in runs:
+        ar = next((a for a in runs if a["mode"] == "ar" and not a["same_total_hardware"]
+                   and (a["dataset"], a["batch_size"], a["temperature"]) == (r["dataset"], r["batch_size"], r["temperature"])),
+                  None)
+        r["measured_speedup"] = r["decode_tok_per_s"] / ar["decode_tok_per_s"] if ar else None
+        r["predicted_speedup_isolated"] = (r["predicted_tok_per_s"] / ar["predicted_tok_per_s"]
+                                           if ar and r["predicted_tok_per_s"] else None)
+    peers = []
+    if "hf" in cfg.peers:
+        from .peers import run_hf_peers
+
+        for d in cfg.datasets:
+            for t in cfg.temperatures:
+                peers += [{**p, "dataset": d} for p in run_hf_peers(target_path, draft_path, prompts_of[d], cfg, t)]
+    return {"pair": pair_info, "config": as_dict(cfg), "components_s": {str(b): c for b, c in comp.items()},
+            "runs": runs, "peers": peers, "machine": machine()}
