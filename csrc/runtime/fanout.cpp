@@ -81,6 +81,15 @@ void FanoutPlanner::observe_round(double fork_seconds, double tree_seconds, doub
   timed_ = true;
 }
 
+double FanoutPlanner::step_seconds(double rows) const {
+  if (s1_ <= 0) return 0.0;
+  const double var = s1_ * sxx_ - sx_ * sx_;
+  if (var <= 1e-9) return sy_ / s1_;  // one row count seen so far: its mean time
+  const double beta = (s1_ * sxy_ - sx_ * sy_) / var;
+  const double alpha = (sy_ - beta * sx_) / s1_;
+  return std::max(0.0, alpha + beta * rows);
+}
+
 std::vector<int64_t> FanoutPlanner::plan(int64_t num_seqs) {
   if (!fixed_.empty()) return fixed_;
   if (auto_budget_ && timed_ && verify_s_ > 0) {

@@ -36,6 +36,8 @@ class FanoutPlanner {
   int64_t budget() const { return budget_; }
   double acceptance() const;
   double miss_exponent() const { return miss_exponent_; }
+  /// Fitted seconds of one draft step over `rows` rows (0 before any tree step).
+  double step_seconds(double rows) const;
 
  private:
   int64_t k_;

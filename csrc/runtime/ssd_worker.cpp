@@ -307,9 +307,11 @@ void DraftWorker::outcome(Seq& s, const SpecMessage& m, std::vector<Seq*>& misse
   }
   // Fallback speed-model inputs: tokens per round by where the speculation came from.
   const double emitted = static_cast<double>(k + 1);
-  if (s.source == SpecSource::kHit) e_hit_ = 0.9 * e_hit_ + 0.1 * emitted;
-  if (s.source == SpecSource::kNeural) e_neural_ = 0.9 * e_neural_ + 0.1 * emitted;
-  if (s.source == SpecSource::kFast) e_fast_ = 0.9 * e_fast_ + 0.1 * emitted;
+  auto ema = [](double& v, int64_t& n, double x) { v = n++ == 0 ? x : 0.9 * v + 0.1 * x; };
+  int64_t hit_rounds = 1;
+  if (s.source == SpecSource::kHit) ema(e_hit_, hit_rounds, emitted);
+  if (s.source == SpecSource::kNeural) ema(kinds_[0].e, kinds_[0].rounds, emitted);
+  if (s.source == SpecSource::kFast) ema(kinds_[1].e, kinds_[1].rounds, emitted);
 
   const auto key = std::make_pair(k, m.bonus);
   auto entry = s.cache.find(key);
@@ -349,17 +351,29 @@ void DraftWorker::outcome(Seq& s, const SpecMessage& m, std::vector<Seq*>& misse
   }
 }
 
-DraftWorker::Fallback DraftWorker::choose_fallback(int64_t batch) const {
-  if (config_.fallback == "neural") return Fallback::kNeural;
-  if (config_.fallback == "fast") return Fallback::kFast;
-  // The speed model with a batch: one miss anywhere delays the whole round.
+DraftWorker::Fallback DraftWorker::choose_fallback(int64_t batch) {
+  if (config_.fallback == "neural") return in_force_ = Fallback::kNeural;
+  if (config_.fallback == "fast") return in_force_ = Fallback::kFast;
+  // "auto": the speed model for each kind; with a batch, one miss anywhere
+  // delays the whole round. The fast kind costs nothing to try, so it runs
+  // first until its tokens per round are known. The neural kind drafts with
+  // the same model and sampling as the tree, so until it has run, its tokens
+  // per round are taken to be the hits' and its time K draft steps.
+  constexpr int64_t kWarmup = 4;
+  const KindStats& fast = kinds_[1];
+  if (fast.rounds < kWarmup) return in_force_ = Fallback::kFast;
+  KindStats neural = kinds_[0];
+  const double b = static_cast<double>(std::max<int64_t>(batch, 1));
+  if (neural.rounds == 0) neural.e = e_hit_;
+  if (neural.runs == 0 && last_verify_s_ > 0)
+    neural.tb = static_cast<double>(config_.k) * planner_.step_seconds(b) / last_verify_s_;
   const double p = hit_rate_;
-  const double all_hit = std::pow(p, static_cast<double>(std::max<int64_t>(batch, 1)));
+  const double all_hit = std::pow(p, b);
   const double tp = std::max(1.0, tp_);
-  auto speed = [&](double e_miss, double tb) {
-    return (p * e_hit_ + (1 - p) * e_miss) / (all_hit * tp + (1 - all_hit) * (tp + tb));
+  auto speed = [&](const KindStats& k) {
+    return (p * e_hit_ + (1 - p) * k.e) / (all_hit * tp + (1 - all_hit) * (tp + k.tb));
   };
-  return speed(e_fast_, tb_fast_) > speed(e_neural_, tb_neural_) ? Fallback::kFast : Fallback::kNeural;
+  return in_force_ = speed(fast) >= speed(neural) ? Fallback::kFast : Fallback::kNeural;
 }
 
 void DraftWorker::run_fallback(std::vector<Seq*>& seqs, Fallback kind, std::vector<Speculation>& out,
@@ -401,8 +415,9 @@ void DraftWorker::run_fallback(std::vector<Seq*>& seqs, Fallback kind, std::vect
   const double seconds = since(t0);
   if (starts) return;  // a first draft (with the draft's prefill) is no fallback
   if (last_verify_s_ > 0) {
-    double& tb = kind == Fallback::kFast ? tb_fast_ : tb_neural_;
-    tb = 0.8 * tb + 0.2 * seconds / last_verify_s_;
+    KindStats& k = kinds_[kind == Fallback::kFast ? 1 : 0];
+    const double tb = seconds / last_verify_s_;
+    k.tb = k.runs++ == 0 ? tb : 0.8 * k.tb + 0.2 * tb;
   }
   std::lock_guard<std::mutex> lock(mu_);
   (kind == Fallback::kFast ? stats_.fallback_fast : stats_.fallback_neural) += static_cast<int64_t>(seqs.size());

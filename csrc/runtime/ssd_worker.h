@@ -103,7 +103,7 @@ class DraftWorker {
   void loop();
   void handle(std::vector<SpecMessage>& messages);
   void outcome(Seq& s, const SpecMessage& m, std::vector<Seq*>& misses, std::vector<Speculation>& out);
-  Fallback choose_fallback(int64_t batch) const;
+  Fallback choose_fallback(int64_t batch);
   void run_fallback(std::vector<Seq*>& seqs, Fallback kind, std::vector<Speculation>& out, bool starts = false);
   void build_trees(std::vector<Seq*>& seqs);
   /// Feeds every path and samples its tokens, all paths batched per step.
@@ -121,8 +121,15 @@ class DraftWorker {
   std::unique_ptr<kernels::ThreadPool> pool_;  // created on the worker thread
   FanoutPlanner planner_;
   std::map<RequestId, std::unique_ptr<Seq>> seqs_;  // worker thread only
-  // Fallback speed model inputs (worker thread only).
-  double hit_rate_ = 0.5, e_hit_ = 2.0, e_neural_ = 2.0, e_fast_ = 1.2, tb_neural_ = 1.0, tb_fast_ = 0.0, tp_ = 1.0;
+  // Speed-model inputs of the "auto" fallback (worker thread only), per kind:
+  // tokens per round verifying its proposals and its time relative to a verify.
+  struct KindStats {
+    double e = 0.0, tb = 0.0;
+    int64_t rounds = 0, runs = 0;
+  };
+  KindStats kinds_[2];  // [Fallback::kNeural, Fallback::kFast]
+  Fallback in_force_ = Fallback::kNeural;
+  double hit_rate_ = 0.5, e_hit_ = 2.0, tp_ = 1.0;
   double last_verify_s_ = 0.0;
   std::vector<int64_t> fanout_;  // the plan of the current round
 
