@@ -34,6 +34,7 @@ def test_bench_writes_table_json_and_plots(pair, tmp_path):
                  "--json", str(out), "--plots", str(plots))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "SSD/SD" in proc.stdout and "dec tok/s" in proc.stdout
+    assert "every mode produced ar's tokens" in proc.stdout
     doc = json.loads(out.read_text())
     assert set(doc) >= {"pair", "runs", "machine", "config", "components_s"}
     runs = doc["runs"]
@@ -46,6 +47,7 @@ def test_bench_writes_table_json_and_plots(pair, tmp_path):
             assert key in r, key
         assert r["decode_tok_per_s"] > 0
         assert r["counters"]["generated_tokens"] == 2 * 12
+    assert all(r["same_tokens_as_ar"] is True for r in runs if r["temperature"] == 0)
     ssd = [r for r in runs if r["mode"] == "ssd"]
     assert all(r["cache_hit_rate"] >= 0 and r["counters"]["cache_lookups"] > 0 for r in ssd)
     assert all(r["predicted_tok_per_s"] > 0 for r in runs if not r["same_total_hardware"])

@@ -106,6 +106,12 @@ def print_table(result: dict, out=sys.stdout) -> None:
         print(row([p["dataset"], p["batch_size"], f"{p['temperature']:.1f}", p["peer"],
                    f"torch {p['threads']} thr", f"{p['decode_tok_per_s']:.2f}", "", "", "",
                    f"{p['e2e_tok_per_s']:.2f}", f"{p['ttft_s']:.2f}"]), file=out)
+    differ = [r for r in result["runs"] if r.get("same_tokens_as_ar") is False]
+    if differ:
+        print("WARNING: at temperature 0 these runs did not reproduce ar's tokens: " +
+              ", ".join(f"{r['dataset']} B={r['batch_size']} {r['mode']}" for r in differ), file=out)
+    elif any(r.get("same_tokens_as_ar") for r in result["runs"]):
+        print("temperature 0: every mode produced ar's tokens", file=out)
     # Headline ratios per (dataset, batch, temperature).
     keys = sorted({(r["dataset"], r["batch_size"], r["temperature"]) for r in result["runs"]})
     for key in keys:

@@ -101,13 +101,14 @@ def run_engine(target, draft, mode: str, prompts: list, cfg: BenchConfig, batch:
         before = llm.stats()
         decode_s = wall_s = 0.0
         decode_tokens = tokens = 0
-        ttft, contexts = [], []
+        ttft, contexts, token_ids = [], [], []
         for g in tqdm(range(0, len(prompts), batch), desc=f"{label} {mode}", leave=False):
             group = prompts[g:g + batch]
             t0 = time.perf_counter()
             outs = llm.generate(group, [params(g + i) for i in range(len(group))])
             wall_s += time.perf_counter() - t0
             metrics = [o.metrics for o in outs]
+            token_ids += [o.token_ids for o in outs]
             decode_s += max(m["finish_time"] for m in metrics) - min(m["time_to_first_token"] for m in metrics)
             decode_tokens += sum(m["generated_tokens"] - 1 for m in metrics)
             tokens += sum(m["generated_tokens"] for m in metrics)
@@ -123,7 +124,8 @@ def run_engine(target, draft, mode: str, prompts: list, cfg: BenchConfig, batch:
             "e2e_tok_per_s": tokens / wall_s, "ttft_s": statistics.mean(ttft),
             "mean_context": statistics.mean(contexts), "counters": counters,
             "fanout": after.get("fanout"), "fanout_budget": after.get("fanout_budget"),
-            "random_token_acceptance": after.get("random_token_acceptance", 0.0), **metrics}
+            "random_token_acceptance": after.get("random_token_acceptance", 0.0), "token_ids": token_ids,
+            **metrics}
 
 
 def placement_name(mode: str, target_threads: int, cfg: BenchConfig) -> str:
@@ -257,6 +259,13 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
             r["predicted_tok_per_s"] = None
             continue
         r["predicted_tok_per_s"] = predict(r, comp[r["batch_size"]], cfg.k)
+    # Temperature 0: every mode must give ar's tokens (exactness, checked on the benchmark's own prompts).
+    for r in runs:
+        ar = next((a for a in runs if a["mode"] == "ar" and a["dataset"] == r["dataset"]
+                   and a["batch_size"] == r["batch_size"] and a["temperature"] == r["temperature"]), None)
+        r["same_tokens_as_ar"] = (r["token_ids"] == ar["token_ids"]) if ar and r["temperature"] == 0 else None
+    for r in runs:
+        del r["token_ids"]
     # Speedups over ar with the same target hardware, measured and predicted.
     for r in runs:
         ar = next((a for a in runs if a["mode"] == "ar" and not a["same_total_hardware"]
