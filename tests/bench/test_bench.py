@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+import ssd
+
 from tests.reference.tiny_models import TinySpec, build_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,7 +23,8 @@ def pair(tmp_path_factory):
 
 
 def bench(*args):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "python"), str(REPO)])}
+    # The subprocess imports the same ssd package as this test (installed or from the source tree).
+    env = {**os.environ, "PYTHONPATH": str(Path(ssd.__file__).resolve().parents[1])}
     return subprocess.run([sys.executable, "-m", "ssd.bench", *args], capture_output=True, text=True,
                           timeout=600, env=env, cwd=REPO)
 
