@@ -3,8 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "../kernels/cpu/sampling.h"
-#include "../kernels/cpu/saguaro_sample.h"
+#include "draft_sampling.h"
 
 namespace ssd::runtime {
 
@@ -50,36 +49,14 @@ model::ForwardInput Drafter::step_input(const std::vector<Sequence*>& seqs, cons
 
 void Drafter::sample(const std::vector<Sequence*>& seqs, const std::vector<int64_t>& rows,
                      const at::Tensor& logits, int64_t step, DraftBatch& batch) {
-  const int64_t n = static_cast<int64_t>(rows.size());
   const int64_t vocab = model_->config().vocab_size;
-  std::vector<double> temperature(n), top_p(n), downweight(n, 1.0), uniforms(n);
-  std::vector<int64_t> top_k(n), fanout(n, 0), tokens(n);
-  std::vector<float> probs(static_cast<size_t>(n * vocab));
-  for (int64_t r = 0; r < n; ++r) {
-    const Sequence* seq = seqs[rows[r]];
-    temperature[r] = seq->params.temperature;
-    top_k[r] = seq->params.top_k;
-    top_p[r] = seq->params.top_p;
-    uniforms[r] = kernels::keyed_uniform(seq->seed, static_cast<uint64_t>(seq->len() + step),
-                                         kernels::RandomPurpose::kDraft);
-  }
-  kernels::SaguaroSampleParams p;
-  p.logits = logits.data_ptr<float>();
-  p.rows = n;
-  p.vocab = vocab;
-  p.temperature = temperature.data();
-  p.top_k = top_k.data();
-  p.top_p = top_p.data();
-  p.fanout = fanout.data();
-  p.downweight = downweight.data();
-  p.uniforms = uniforms.data();
-  p.probs = probs.data();
-  p.tokens = tokens.data();
-  kernels::saguaro_sample(p);
-  for (int64_t r = 0; r < n; ++r) {
+  DraftRows draw(vocab);
+  for (int64_t b : rows) draw.add(seqs[b]->params, seqs[b]->seed, seqs[b]->len() + step, 0, 1.0);
+  draw.sample(logits.data_ptr<float>());
+  for (size_t r = 0; r < rows.size(); ++r) {
     const int64_t slot = rows[r] * batch.k + step;
-    batch.tokens[slot] = tokens[r];
-    std::copy(probs.begin() + r * vocab, probs.begin() + (r + 1) * vocab, batch.q.begin() + slot * vocab);
+    batch.tokens[slot] = draw.tokens[r];
+    std::copy(draw.probs.begin() + r * vocab, draw.probs.begin() + (r + 1) * vocab, batch.q.begin() + slot * vocab);
   }
 }
 

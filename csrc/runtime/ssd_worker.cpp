@@ -6,8 +6,7 @@
 #include <stdexcept>
 
 #include "../kernels/cpu/kv_commit.h"
-#include "../kernels/cpu/sampling.h"
-#include "../kernels/cpu/saguaro_sample.h"
+#include "draft_sampling.h"
 #include "ngram.h"
 
 #include <ATen/Parallel.h>
@@ -583,36 +582,20 @@ void DraftWorker::decode_paths(std::vector<Path>& paths, const std::vector<int64
     if (!sampling.empty()) {
       const auto n = static_cast<int64_t>(sampling.size());
       std::vector<float> z(static_cast<size_t>(n * vocab_));
-      std::vector<double> temperature(n), top_p(n), downweight(n, config_.saguaro_c), uniforms(n);
-      std::vector<int64_t> top_k(n), fan(n, step < static_cast<int64_t>(fanout.size()) ? fanout[step] : 0), tokens(n);
-      std::vector<float> probs(static_cast<size_t>(n * vocab_));
+      DraftRows draw(vocab_);
+      const int64_t f = step < static_cast<int64_t>(fanout.size()) ? fanout[step] : 0;
       for (int64_t r = 0; r < n; ++r) {
         const Path* p = sampling[r];
         std::copy(sample_rows[r], sample_rows[r] + vocab_, z.begin() + r * vocab_);
-        temperature[r] = p->seq->params.temperature;
-        top_k[r] = p->seq->params.top_k;
-        top_p[r] = p->seq->params.top_p;
-        const int64_t pos = p->pos0 + static_cast<int64_t>(p->feed.size()) + step;
-        uniforms[r] = kernels::keyed_uniform(p->seq->seed, static_cast<uint64_t>(pos),
-                                             kernels::RandomPurpose::kDraft);
+        draw.add(p->seq->params, p->seq->seed, p->pos0 + static_cast<int64_t>(p->feed.size()) + step, f,
+                 config_.saguaro_c);
       }
-      kernels::SaguaroSampleParams sp;
-      sp.logits = z.data();
-      sp.rows = n;
-      sp.vocab = vocab_;
-      sp.temperature = temperature.data();
-      sp.top_k = top_k.data();
-      sp.top_p = top_p.data();
-      sp.fanout = fan.data();
-      sp.downweight = downweight.data();
-      sp.uniforms = uniforms.data();
-      sp.probs = probs.data();
-      sp.tokens = tokens.data();
-      kernels::saguaro_sample(sp);
+      draw.sample(z.data());
       for (int64_t r = 0; r < n; ++r) {
         Path* p = sampling[r];
-        p->out.push_back(static_cast<int32_t>(tokens[r]));
-        std::copy(probs.begin() + r * vocab_, probs.begin() + (r + 1) * vocab_, p->q.begin() + step * vocab_);
+        p->out.push_back(static_cast<int32_t>(draw.tokens[r]));
+        std::copy(draw.probs.begin() + r * vocab_, draw.probs.begin() + (r + 1) * vocab_,
+                  p->q.begin() + step * vocab_);
         p->ranked[step] = top_tokens(z.data() + r * vocab_, vocab_, m);
       }
       if (tree) planner_.observe_tree_step(n, since(t0));

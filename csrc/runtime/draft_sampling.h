@@ -1,0 +1,55 @@
+// The draft's per-row sampling settings, gathered once for SAGUARO sampling
+// (sd drafter and ssd worker alike): each row is a sequence's next draft
+// token, drawn with its keyed kDraft uniform at its position.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "../kernels/cpu/sampling.h"
+#include "../kernels/cpu/saguaro_sample.h"
+#include "ssd/config.h"
+
+namespace ssd::runtime {
+
+struct DraftRows {
+  int64_t vocab = 0;
+  std::vector<double> temperature, top_p, downweight, uniforms;
+  std::vector<int64_t> top_k, fanout, tokens;
+  std::vector<float> probs;  ///< [rows, vocab]: the rows sampled from (q)
+
+  explicit DraftRows(int64_t vocab_size) : vocab(vocab_size) {}
+
+  /// Adds a row for a token at `position` of a sequence, drawn from
+  /// sigma_{F, C} (F = fanout, C = downweight).
+  void add(const SamplingParams& params, uint64_t seed, int64_t position, int64_t fanout_f, double c) {
+    temperature.push_back(params.temperature);
+    top_k.push_back(params.top_k);
+    top_p.push_back(params.top_p);
+    fanout.push_back(fanout_f);
+    downweight.push_back(c);
+    uniforms.push_back(kernels::keyed_uniform(seed, static_cast<uint64_t>(position), kernels::RandomPurpose::kDraft));
+  }
+
+  /// Samples every row from `logits` [rows, vocab]; fills tokens and probs.
+  void sample(const float* logits) {
+    const auto n = static_cast<int64_t>(temperature.size());
+    tokens.assign(static_cast<size_t>(n), 0);
+    probs.assign(static_cast<size_t>(n * vocab), 0.0f);
+    kernels::SaguaroSampleParams p;
+    p.logits = logits;
+    p.rows = n;
+    p.vocab = vocab;
+    p.temperature = temperature.data();
+    p.top_k = top_k.data();
+    p.top_p = top_p.data();
+    p.fanout = fanout.data();
+    p.downweight = downweight.data();
+    p.uniforms = uniforms.data();
+    p.probs = probs.data();
+    p.tokens = tokens.data();
+    kernels::saguaro_sample(p);
+  }
+};
+
+}  // namespace ssd::runtime
