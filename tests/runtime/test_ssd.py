@@ -8,15 +8,6 @@ import pytest
 from ssd import LLM, SamplingParams
 from tests.reference import law
 from tests.reference.stats import g_test, samples_for_power
-from tests.reference.tiny_models import TinySpec, build_tiny_model
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ssd")
-    target, _ = build_tiny_model(TinySpec(vocab_size=256, num_layers=3, seed=1, init_std=0.1), root / "t")
-    draft, _ = build_tiny_model(TinySpec(vocab_size=256, num_layers=1, seed=2, init_std=0.1), root / "d")
-    return target, draft
 
 
 def greedy(n):
@@ -84,16 +75,6 @@ VOCAB = 4
 PROMPT = [1, 3, 0, 2]
 N_TOKENS = 7  # with k = 2 (up to 3 tokens a round), at least three rounds
 FANOUT = [2, 2, 2]  # F_0..F_K for k = 2: two of the three possible bonus tokens at j < K
-
-
-@pytest.fixture(scope="module")
-def small_pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ssd_law")
-    target, _ = build_tiny_model(TinySpec(vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
-                                          seed=11, init_std=0.1), root / "t")
-    draft, _ = build_tiny_model(TinySpec(vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
-                                         num_layers=1, seed=12, init_std=0.1), root / "d")
-    return target, draft
 
 
 def run_law(small_pair, temperature, top_k, top_p, max_batch, seed0=9_000_000, **engine):
