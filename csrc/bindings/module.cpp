@@ -5,6 +5,7 @@
 
 #include <pybind11/stl.h>
 
+#include "../kernels/cpu/linear.h"
 #include "../kernels/cpu/sampling.h"
 #include "../model/model.h"
 #include "../model/runner.h"
@@ -229,7 +230,8 @@ PYBIND11_MODULE(_C, m) {
              return std::make_shared<model::Model>(model_config_from(config), weight_map_from(weights));
            }),
            py::arg("config"), py::arg("weights"))
-      .def_property_readonly("vocab_size", [](const model::Model& m) { return m.config().vocab_size; });
+      .def_property_readonly("vocab_size", [](const model::Model& m) { return m.config().vocab_size; })
+      .def_property_readonly("bf16", &model::Model::bf16);
 
   py::class_<model::SequenceRunner>(m, "SequenceRunner")
       .def(py::init<std::shared_ptr<model::Model>, int64_t, int64_t, int64_t>(), py::arg("model"),
@@ -294,6 +296,46 @@ PYBIND11_MODULE(_C, m) {
         },
         py::arg("logits"), py::arg("temperature"), py::arg("top_k") = 0, py::arg("top_p") = 1.0,
         "logits: [vocab] -> processed probabilities [vocab] (temperature, top-k, top-p).");
+  m.def("packed_linear",
+        [](const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, bool pairs,
+           int64_t threads) {
+          TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1),
+                      "x must be [m, k] and w [n, k] with the same k");
+          TORCH_CHECK(w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16,
+                      "w must be float32 or bfloat16");
+          // Rows may be strided (as the model's are): the kernels read k columns of each.
+          const at::Tensor xs = x.scalar_type() == at::kFloat && x.stride(1) == 1 ? x : x.to(at::kFloat).contiguous();
+          const int64_t m = x.size(0), n = w.size(0), k = w.size(1), ldx = xs.stride(0);
+          at::Tensor b;
+          if (bias.has_value()) {
+            b = bias->to(at::kFloat).contiguous();
+            TORCH_CHECK(b.dim() == 1 && b.size(0) == n, "bias must be [n]");
+          }
+          const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+          at::Tensor y = at::empty({m, n}, at::kFloat);
+          kernels::ThreadPool pool(threads);
+          const bool bf16 = w.scalar_type() == at::kBFloat16;
+          const at::Tensor dense = w.contiguous();
+          at::Tensor packed = at::empty({kernels::packed_size(n, k)}, w.scalar_type());
+          std::vector<uint16_t> pair_w;
+          if (pairs) pair_w.resize(static_cast<size_t>(kernels::pair_packed_size(n, k)));
+          if (bf16) {
+            auto* pw = reinterpret_cast<uint16_t*>(packed.data_ptr<at::BFloat16>());
+            kernels::pack(reinterpret_cast<const uint16_t*>(dense.data_ptr<at::BFloat16>()), n, k, pw);
+            if (pairs) kernels::pack_pairs(pw, n, k, pair_w.data());
+            else kernels::linear(xs.data_ptr<float>(), ldx, pw, bp, y.data_ptr<float>(), n, m, n, k, pool);
+          } else {
+            kernels::pack(dense.data_ptr<float>(), n, k, packed.data_ptr<float>());
+            if (pairs) kernels::pack_pairs(packed.data_ptr<float>(), n, k, pair_w.data());
+            else kernels::linear(xs.data_ptr<float>(), ldx, packed.data_ptr<float>(), bp, y.data_ptr<float>(), n, m, n, k, pool);
+          }
+          if (pairs) kernels::linear_pairs(xs.data_ptr<float>(), ldx, pair_w.data(), bp, y.data_ptr<float>(), n, m, n, k, pool);
+          return y;
+        },
+        py::arg("x"), py::arg("w"), py::arg("bias") = py::none(), py::arg("pairs") = false, py::arg("threads") = 1,
+        "y = x @ w.T (+ bias) through the model's packed kernels: the exact layout (fp32 "
+        "activations, batch invariant) or, with pairs=True, the draft's bf16 pair kernels.");
+  m.def("pairs_native", &kernels::pairs_native, "Whether the bf16 pair kernels use AVX512-BF16 instructions.");
   m.def("keyed_uniform", [](uint64_t seed, uint64_t position, uint64_t purpose) {
     return kernels::keyed_uniform(seed, position, static_cast<kernels::RandomPurpose>(purpose));
   });

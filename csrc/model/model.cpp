@@ -31,8 +31,7 @@ at::Tensor checked(const WeightMap& w, const std::string& name, at::IntArrayRef 
   return t;
 }
 
-// Matrices keep the model dtype; vectors (norms, biases) are always fp32.
-at::Tensor matrix(const at::Tensor& t, at::ScalarType dtype) { return t.to(dtype).contiguous(); }
+// Vectors (norms, biases) are always fp32.
 at::Tensor vector(const at::Tensor& t) { return t.to(at::kFloat).contiguous(); }
 
 }  // namespace
@@ -67,21 +66,19 @@ Model::Model(const ModelConfig& config, const WeightMap& w) : config_(config) {
   const at::Tensor& embed = checked(w, "model.embed_tokens.weight", {c.vocab_size, c.hidden_size});
   bf16_ = embed.scalar_type() == at::kBFloat16;
   const auto dt = bf16_ ? at::kBFloat16 : at::kFloat;
-  embed_ = matrix(embed, dt);
+  embed_ = embed.to(dt).contiguous();
   final_norm_ = vector(checked(w, "model.norm.weight", {c.hidden_size}));
-  lm_head_ = c.tie_word_embeddings ? embed_
-                                   : matrix(checked(w, "lm_head.weight", {c.vocab_size, c.hidden_size}), dt);
+  lm_head_ = pack(c.tie_word_embeddings ? embed_ : checked(w, "lm_head.weight", {c.vocab_size, c.hidden_size}));
   const int64_t h = c.hidden_size, d = c.head_dim;
   const int64_t q_out = c.num_heads * d, kv_out = c.num_kv_heads * d;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     Layer l;
     l.attn_norm = vector(checked(w, p + "input_layernorm.weight", {h}));
-    l.qkv = matrix(at::cat({checked(w, p + "self_attn.q_proj.weight", {q_out, h}),
-                            checked(w, p + "self_attn.k_proj.weight", {kv_out, h}),
-                            checked(w, p + "self_attn.v_proj.weight", {kv_out, h})}),
-                   dt);
-    l.o = matrix(checked(w, p + "self_attn.o_proj.weight", {h, q_out}), dt);
+    l.qkv = pack(at::cat({checked(w, p + "self_attn.q_proj.weight", {q_out, h}),
+                          checked(w, p + "self_attn.k_proj.weight", {kv_out, h}),
+                          checked(w, p + "self_attn.v_proj.weight", {kv_out, h})}));
+    l.o = pack(checked(w, p + "self_attn.o_proj.weight", {h, q_out}));
     if (c.attention_bias) {
       l.qkv_bias = vector(at::cat({checked(w, p + "self_attn.q_proj.bias", {q_out}),
                                    checked(w, p + "self_attn.k_proj.bias", {kv_out}),
@@ -94,10 +91,9 @@ Model::Model(const ModelConfig& config, const WeightMap& w) : config_(config) {
     }
     l.mlp_norm = vector(checked(w, p + "post_attention_layernorm.weight", {h}));
     const int64_t f = c.intermediate_size;
-    l.gate_up = matrix(at::cat({checked(w, p + "mlp.gate_proj.weight", {f, h}),
-                                checked(w, p + "mlp.up_proj.weight", {f, h})}),
-                       dt);
-    l.down = matrix(checked(w, p + "mlp.down_proj.weight", {h, f}), dt);
+    l.gate_up = pack(at::cat({checked(w, p + "mlp.gate_proj.weight", {f, h}),
+                              checked(w, p + "mlp.up_proj.weight", {f, h})}));
+    l.down = pack(checked(w, p + "mlp.down_proj.weight", {h, f}));
     if (c.mlp_bias) {
       l.gate_up_bias = vector(at::cat({checked(w, p + "mlp.gate_proj.bias", {f}),
                                        checked(w, p + "mlp.up_proj.bias", {f})}));
@@ -108,36 +104,49 @@ Model::Model(const ModelConfig& config, const WeightMap& w) : config_(config) {
   inv_freq_ = rope_inv_freq(c);
 }
 
-const at::Tensor& Model::matmul_weight(const at::Tensor& w) const {
-  std::lock_guard<std::mutex> lock(matmul_mu_);
-  auto it = matmul_weights_.find(w.data_ptr());
-  if (it == matmul_weights_.end())
-    it = matmul_weights_.emplace(w.data_ptr(), bf16_ ? w : w.to(at::kBFloat16).contiguous()).first;
-  return it->second;
+// Matrices keep the model dtype (that of the embedding), packed.
+Model::Matrix Model::pack(const at::Tensor& dense) const {
+  Matrix m;
+  m.n = dense.size(0);
+  m.k = dense.size(1);
+  if (bf16_) {
+    const at::Tensor src = dense.to(at::kBFloat16).contiguous();
+    m.packed = at::empty({kernels::packed_size(m.n, m.k)}, at::kBFloat16);
+    kernels::pack(reinterpret_cast<const uint16_t*>(src.data_ptr<at::BFloat16>()), m.n, m.k,
+                  reinterpret_cast<uint16_t*>(m.packed.data_ptr<at::BFloat16>()));
+  } else {
+    const at::Tensor src = dense.to(at::kFloat).contiguous();
+    m.packed = at::empty({kernels::packed_size(m.n, m.k)}, at::kFloat);
+    kernels::pack(src.data_ptr<float>(), m.n, m.k, m.packed.data_ptr<float>());
+  }
+  return m;
 }
 
-void Model::linear(const float* x, int64_t ldx, const at::Tensor& w, const at::Tensor& bias,
-                   float* y, int64_t ldy, int64_t m, kernels::ThreadPool& pool,
-                   int64_t matmul_min_rows) const {
-  const float* b = bias.defined() ? bias.data_ptr<float>() : nullptr;
-  const int64_t n = w.size(0), k = w.size(1);
-  if (matmul_min_rows > 0 && m >= matmul_min_rows) {
-    const at::Tensor xs = at::from_blob(const_cast<float*>(x), {m, k}, {ldx, 1}, at::kFloat);
-    const at::Tensor out = at::linear(xs.to(at::kBFloat16), matmul_weight(w)).to(at::kFloat);
-    const float* o = out.data_ptr<float>();
-    for (int64_t i = 0; i < m; ++i) {
-      float* yi = y + i * ldy;
-      std::copy(o + i * n, o + (i + 1) * n, yi);
-      if (b != nullptr)
-        for (int64_t j = 0; j < n; ++j) yi[j] += b[j];
-    }
-    return;
+const uint16_t* Model::pair_weight(const Matrix& w) const {
+  std::lock_guard<std::mutex> lock(pair_mu_);
+  auto it = pair_weights_.find(w.packed.data_ptr());
+  if (it == pair_weights_.end()) {
+    std::vector<uint16_t> pairs(static_cast<size_t>(kernels::pair_packed_size(w.n, w.k)));
+    if (bf16_)
+      kernels::pack_pairs(reinterpret_cast<const uint16_t*>(w.packed.data_ptr<at::BFloat16>()), w.n, w.k,
+                          pairs.data());
+    else
+      kernels::pack_pairs(w.packed.data_ptr<float>(), w.n, w.k, pairs.data());
+    it = pair_weights_.emplace(w.packed.data_ptr(), std::move(pairs)).first;
   }
-  if (bf16_) {
-    kernels::linear(x, ldx, reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), b, y,
-                    ldy, m, n, k, pool);
+  return it->second.data();
+}
+
+void Model::linear(const float* x, int64_t ldx, const Matrix& w, const at::Tensor& bias, float* y,
+                   int64_t ldy, int64_t m, kernels::ThreadPool& pool, int64_t matmul_min_rows) const {
+  const float* b = bias.defined() ? bias.data_ptr<float>() : nullptr;
+  if (matmul_min_rows > 0 && m >= matmul_min_rows) {
+    kernels::linear_pairs(x, ldx, pair_weight(w), b, y, ldy, m, w.n, w.k, pool);
+  } else if (bf16_) {
+    kernels::linear(x, ldx, reinterpret_cast<const uint16_t*>(w.packed.data_ptr<at::BFloat16>()), b, y, ldy, m,
+                    w.n, w.k, pool);
   } else {
-    kernels::linear(x, ldx, w.data_ptr<float>(), b, y, ldy, m, n, k, pool);
+    kernels::linear(x, ldx, w.packed.data_ptr<float>(), b, y, ldy, m, w.n, w.k, pool);
   }
 }
 

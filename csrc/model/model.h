@@ -26,10 +26,11 @@ struct ForwardInput {
   std::vector<int32_t> block_tables;  ///< [num_seqs, max_blocks], row-major
   int64_t max_blocks = 0;
   std::vector<int32_t> logit_rows;    ///< rows of the batch whose logits are wanted
-  /// > 0: matrix products over at least this many rows go through ATen's
-  /// bf16 matmul (AMX on CPUs that have it: 8 rows cost about one). Results
-  /// are then NOT batch-invariant and carry bf16 rounding, so only the draft
-  /// uses it, for its tree; exactness never depends on the draft's numerics.
+  /// > 0: matrix products over at least this many rows use the bf16 pair
+  /// kernels (kernels::linear_pairs: AVX512-BF16, 16 rows cost little more
+  /// than one). Results carry bf16 rounding and differ from the exact path,
+  /// so only the draft uses it, for its tree; exactness never depends on the
+  /// draft's numerics.
   int64_t matmul_min_rows = 0;
 };
 
@@ -49,15 +50,22 @@ class Model {
   at::Tensor forward(const ForwardInput& input, KvCache& cache, kernels::ThreadPool& pool) const;
 
  private:
+  /// A weight matrix [n, k] in the exact packed layout (kernels::pack).
+  struct Matrix {
+    at::Tensor packed;
+    int64_t n = 0, k = 0;
+  };
   struct Layer {
-    at::Tensor attn_norm, qkv, qkv_bias, q_norm, k_norm, o, o_bias;
-    at::Tensor mlp_norm, gate_up, gate_up_bias, down, down_bias;
+    at::Tensor attn_norm, qkv_bias, q_norm, k_norm, o_bias;
+    at::Tensor mlp_norm, gate_up_bias, down_bias;
+    Matrix qkv, o, gate_up, down;
   };
 
-  void linear(const float* x, int64_t ldx, const at::Tensor& w, const at::Tensor& bias, float* y,
+  Matrix pack(const at::Tensor& dense) const;
+  void linear(const float* x, int64_t ldx, const Matrix& w, const at::Tensor& bias, float* y,
               int64_t ldy, int64_t m, kernels::ThreadPool& pool, int64_t matmul_min_rows = 0) const;
-  /// The bf16 copy of a weight matrix for the matmul path (made on first use).
-  const at::Tensor& matmul_weight(const at::Tensor& w) const;
+  /// The pair layout of a matrix for the many-row draft path (made on first use).
+  const uint16_t* pair_weight(const Matrix& w) const;
   void embed(const std::vector<int32_t>& tokens, float* out) const;
   void attention_block(const Layer& layer, int64_t index, const ForwardInput& input,
                        KvCache& cache, float* x, kernels::ThreadPool& pool) const;
@@ -66,11 +74,12 @@ class Model {
 
   ModelConfig config_;
   bool bf16_ = false;
-  at::Tensor embed_, final_norm_, lm_head_;
+  at::Tensor embed_, final_norm_;
+  Matrix lm_head_;
   std::vector<Layer> layers_;
   std::vector<float> inv_freq_;
-  mutable std::mutex matmul_mu_;
-  mutable std::unordered_map<const void*, at::Tensor> matmul_weights_;
+  mutable std::mutex pair_mu_;
+  mutable std::unordered_map<const void*, std::vector<uint16_t>> pair_weights_;
 };
 
 /// Rotary inverse frequencies [head_dim / 2], with llama3 scaling applied.

@@ -8,14 +8,16 @@
 namespace ssd::runtime {
 
 Drafter::Drafter(std::shared_ptr<model::Model> model, int64_t num_blocks, int64_t block_size,
-                 int64_t threads)
+                 int64_t threads, int64_t matmul_min_rows)
     : model_(std::move(model)),
       cache_(std::make_unique<model::KvCache>(model_->config(), num_blocks, block_size)),
-      pool_(std::make_unique<kernels::ThreadPool>(threads)) {}
+      pool_(std::make_unique<kernels::ThreadPool>(threads)),
+      matmul_min_rows_(matmul_min_rows) {}
 
 model::ForwardInput Drafter::step_input(const std::vector<Sequence*>& seqs, const DraftBatch& batch,
                                         int64_t step, std::vector<int64_t>& rows) {
   model::ForwardInput in;
+  in.matmul_min_rows = matmul_min_rows_;
   rows.clear();
   std::vector<const model::BlockTable*> tables;
   for (size_t b = 0; b < seqs.size(); ++b) {

@@ -23,8 +23,10 @@ struct DraftBatch {
 
 class Drafter {
  public:
+  /// Forwards over at least matmul_min_rows tokens use the draft's bf16 pair
+  /// kernels (model::ForwardInput::matmul_min_rows; 0: never).
   Drafter(std::shared_ptr<model::Model> model, int64_t num_blocks, int64_t block_size,
-          int64_t threads);
+          int64_t threads, int64_t matmul_min_rows = 0);
 
   model::KvCache& cache() { return *cache_; }
 
@@ -45,6 +47,7 @@ class Drafter {
   std::shared_ptr<model::Model> model_;
   std::unique_ptr<model::KvCache> cache_;
   std::unique_ptr<kernels::ThreadPool> pool_;
+  int64_t matmul_min_rows_ = 0;
 };
 
 }  // namespace ssd::runtime

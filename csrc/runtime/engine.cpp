@@ -69,7 +69,8 @@ class Engine::Impl {
         worker_ = std::make_unique<runtime::DraftWorker>(config_, std::move(draft));
       else
         drafter_ = std::make_unique<runtime::Drafter>(std::move(draft), config_.num_kv_blocks(),
-                                                      config_.kv_block_size, config_.draft_threads);
+                                                      config_.kv_block_size, config_.draft_threads,
+                                                      config_.draft_matmul_min_rows);
       lookahead = config_.k;
     }
     scheduler_ = std::make_unique<runtime::Scheduler>(config_, *cache_, lookahead,

@@ -9,7 +9,7 @@
 #include "draft_sampling.h"
 #include "ngram.h"
 
-#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
 
 namespace ssd::runtime {
 
@@ -138,8 +138,6 @@ DraftWorkerStats DraftWorker::stats() const {
 }
 
 void DraftWorker::loop() {
-  // ATen's matmul path (draft tree) runs on this thread's OpenMP team.
-  at::set_num_threads(static_cast<int>(config_.draft_threads));
   for (;;) {
     std::vector<SpecMessage> messages;
     {
@@ -445,7 +443,7 @@ void DraftWorker::build_trees(std::vector<Seq*>& seqs) {
     p.rank_from = L - 1;
     score.push_back(std::move(p));
   }
-  decode_paths(score, fanout_);
+  decode_paths(score, fanout_, true);
   for (Path& p : score) {
     Seq* s = p.seq;
     const auto L = static_cast<int64_t>(s->tokens.size());
@@ -495,7 +493,7 @@ planned:
       paths.push_back(std::move(p));
     }
   const auto t1 = WorkerClock::now();
-  if (!paths.empty()) decode_paths(paths, fanout_, true);
+  if (!paths.empty()) decode_paths(paths, fanout_, true, true);
   const double tree_s = since(t1);
   size_t next = 0;
   for (Seq* s : seqs) {
@@ -519,7 +517,8 @@ planned:
   stats_.tree_seconds += round_s;
 }
 
-void DraftWorker::decode_paths(std::vector<Path>& paths, const std::vector<int64_t>& fanout, bool tree) {
+void DraftWorker::decode_paths(std::vector<Path>& paths, const std::vector<int64_t>& fanout, bool tree,
+                               bool branches) {
   if (paths.empty()) return;
   const int64_t m = std::max<int64_t>(2, *std::max_element(fanout.begin(), fanout.end()) + 1);
   int64_t forwards = 1;
@@ -558,7 +557,10 @@ void DraftWorker::decode_paths(std::vector<Path>& paths, const std::vector<int64
     for (size_t s = 0; s < active.size(); ++s)
       std::copy(active[s]->table->blocks.begin(), active[s]->table->blocks.end(),
                 in.block_tables.begin() + static_cast<int64_t>(s) * in.max_blocks);
-    if (model_->config().hidden_size >= 256) in.matmul_min_rows = config_.draft_matmul_min_rows;
+    // The tree (fork scoring and branch steps) always takes the pair kernels
+    // when they are on; other forwards from draft_matmul_min_rows rows.
+    const int64_t min_rows = config_.draft_matmul_min_rows;
+    in.matmul_min_rows = tree && min_rows > 0 ? 1 : min_rows;
     if (in.logit_rows.empty()) {
       // Nothing wanted (a score path whose fork points are all known): still write the KV.
       in.logit_rows.push_back(0);
@@ -598,7 +600,7 @@ void DraftWorker::decode_paths(std::vector<Path>& paths, const std::vector<int64
                   p->q.begin() + step * vocab_);
         p->ranked[step] = top_tokens(z.data() + r * vocab_, vocab_, m);
       }
-      if (tree) planner_.observe_tree_step(n, since(t0));
+      if (branches) planner_.observe_tree_step(n, since(t0));
     }
   }
 }

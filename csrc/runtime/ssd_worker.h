@@ -107,8 +107,10 @@ class DraftWorker {
   void run_fallback(std::vector<Seq*>& seqs, Fallback kind, std::vector<Speculation>& out, bool starts = false);
   void build_trees(std::vector<Seq*>& seqs);
   /// Feeds every path and samples its tokens, all paths batched per step.
-  /// tree: the steps are tree steps (their times feed the budget model).
-  void decode_paths(std::vector<Path>& paths, const std::vector<int64_t>& fanout, bool tree = false);
+  /// tree: the forwards belong to the speculation tree (fork scoring or,
+  /// with branches, the branch steps whose times feed the planner).
+  void decode_paths(std::vector<Path>& paths, const std::vector<int64_t>& fanout, bool tree = false,
+                    bool branches = false);
   void free_tree(Seq& s);
   void release(Seq& s);
   Speculation answer(const Seq& s, SpecSource source, std::vector<float> q, bool one_hot) const;

@@ -35,8 +35,9 @@ class EngineConfig:
     "neural" (the draft re-drafts), "fast" (n-gram prompt lookup) or "auto"
     (by batch size, where the speed model says fast beats neural).
     always_miss (testing) makes every cache lookup miss. draft_matmul_min_rows:
-    draft forwards over at least this many rows (the tree) use ATen's bf16
-    matmul (AMX) when the draft's hidden size is >= 256; 0 turns that off.
+    draft forwards over at least this many rows (the ssd tree, sd batches)
+    use bf16 pair kernels (AVX512-BF16, many rows cost about one); the draft's
+    numerics never change the output law. 0 turns that off.
     """
 
     mode: str = "ar"

@@ -278,3 +278,35 @@ def test_smollm2_truncate_and_decode(smollm2):
     assert torch.equal(again, smollm2.reference(tokens)[2:])
     changed = [tokens[0], (tokens[1] + 1) % smollm2.vocab] + tokens[2:]
     assert not torch.equal(smollm2.reference(changed)[2:], again)
+
+
+# ------------------------------------------------------------ draft pair path
+
+
+def test_pair_path_rows_are_batch_invariant_and_near_exact(tiny):
+    """matmul_min_rows=1 sends every product through the bf16 pair kernels (the
+    draft's tree path): a row is still the same bits however it is reached, and
+    it stays near the exact row (bf16 rounding only)."""
+    seqs = tiny.sequences[:4]
+    # Reference: each sequence prefilled alone, pair path.
+    ref = []
+    for tokens in seqs:
+        r = tiny.runner(REFERENCE_BLOCK_SIZE, 1)
+        ref.append(r.extend([(r.add_sequence(), list(tokens))], True, 1))
+    # Decode all four together one token at a time, on 2 threads.
+    runner = tiny.runner(8, 2)
+    sids = [runner.add_sequence() for _ in seqs]
+    rows = {i: [] for i in range(len(seqs))}
+    for pos in range(max(len(s) for s in seqs)):
+        batch = [(i, [s[pos]]) for i, s in enumerate(seqs) if pos < len(s)]
+        out = runner.extend([(sids[i], t) for i, t in batch], True, 1)
+        for j, (i, _) in enumerate(batch):
+            rows[i].append(out[j])
+    for i in range(len(seqs)):
+        assert torch.equal(torch.stack(rows[i]), ref[i]), f"sequence {i}"
+    # Near the exact path, and not equal to it for fp32 weights (the path really changed).
+    exact = tiny.reference(seqs[0])
+    scale = exact.abs().max().item()
+    assert (ref[0] - exact).abs().max().item() < 0.05 * scale
+    if not tiny.core.bf16:
+        assert not torch.equal(ref[0], exact)

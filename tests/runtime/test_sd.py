@@ -22,8 +22,10 @@ def test_greedy_equals_ar(pair, max_batch, same_draft):
     prompts = [[rng.randrange(256) for _ in range(rng.randrange(1, 30))] for _ in range(32)]
     with LLM(target, max_model_len=256) as ar:
         want = [o.token_ids for o in ar.generate(prompts, greedy(64))]
+    # draft_matmul_min_rows=0: a draft that is the target must also compute like it
+    # (the bf16 pair kernels would otherwise serve its many-row forwards).
     with LLM(target, draft=target if same_draft else draft, mode="sd", k=3, max_model_len=256,
-             max_batch=max_batch) as sd:
+             max_batch=max_batch, draft_matmul_min_rows=0 if same_draft else 4) as sd:
         got = [o.token_ids for o in sd.generate(prompts, greedy(64))]
         stats = sd.stats()
     assert got == want
@@ -91,7 +93,9 @@ def test_output_law_equals_target(small_pair, temperature, top_k, top_p, max_bat
 def test_seeded_output_does_not_depend_on_batch(small_pair):
     target, draft = small_pair
     p = SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True, seed=5)
-    with LLM(target, draft=draft, mode="sd", k=2, max_model_len=64) as sd:
+    # One draft kernel path for every batch size (by default forwards of 4+ rows
+    # take the bf16 pair kernels and smaller ones the exact path).
+    with LLM(target, draft=draft, mode="sd", k=2, max_model_len=64, draft_matmul_min_rows=1) as sd:
         alone = sd.generate([PROMPT], p)[0].token_ids
         noise = [SamplingParams(temperature=0.8, max_tokens=30, ignore_eos=True, seed=s) for s in range(5)]
         crowd = sd.generate([PROMPT[:2]] * 2 + [PROMPT] + [PROMPT[:3]] * 3, noise[:2] + [p] + noise[2:])

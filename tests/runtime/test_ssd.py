@@ -48,7 +48,9 @@ def test_greedy_equals_ar(pair, ar_greedy, max_batch, variant):
 @pytest.mark.parametrize("max_batch", [1, 8])
 def test_draft_equal_to_target_hits_the_cache(pair, ar_greedy, max_batch):
     target, _ = pair
-    with LLM(target, draft=target, mode="ssd", k=3, max_model_len=256, max_batch=max_batch) as ssd:
+    # draft_matmul_min_rows=0: the draft computes exactly like the target (no bf16 pair kernels).
+    with LLM(target, draft=target, mode="ssd", k=3, max_model_len=256, max_batch=max_batch,
+             draft_matmul_min_rows=0) as ssd:
         got = [o.token_ids for o in ssd.generate(prompts_32(), greedy(64))]
         stats = ssd.stats()
     assert got == ar_greedy
@@ -130,16 +132,17 @@ def test_broken_fast_fallback_fails_the_law_test(small_pair, monkeypatch):
 
 
 def test_seeded_law_run_does_not_depend_on_batch(small_pair):
-    """With the neural fallback and a fixed fan-out a hit and a miss propose
-    the same tokens, so every seeded sample is the same at batch 1 as in the
-    large batches of the law tests: the batch-1 law is the tested law."""
+    """With the neural fallback, a fixed fan-out and one draft kernel path
+    (draft_matmul_min_rows=1) a hit and a miss propose the same tokens, so
+    every seeded sample is the same at batch 1 as in the large batches of the
+    law tests: the batch-1 law is the tested law."""
     target, draft = small_pair
     params = [SamplingParams(temperature=0.9, top_k=3, top_p=0.9, max_tokens=N_TOKENS, ignore_eos=True,
                              seed=9_000_000 + i) for i in range(200)]
     runs = []
     for max_batch in (512, 4, 1):
         with LLM(target, draft=draft, mode="ssd", k=2, max_model_len=32, max_batch=max_batch,
-                 fanout=FANOUT, saguaro_c=0.3, fallback="neural") as ssd:
+                 fanout=FANOUT, saguaro_c=0.3, fallback="neural", draft_matmul_min_rows=1) as ssd:
             runs.append([o.token_ids for o in ssd.generate([PROMPT] * len(params), params)])
             assert ssd.stats()["cache_hits"] > 0
     assert runs[0] == runs[1] == runs[2]
@@ -171,8 +174,11 @@ def test_mixed_batch_cancel_and_shutdown(pair):
     cancel ends one request only; shutdown leaves no thread behind."""
     target, draft = pair
     # A fixed fan-out and the neural fallback make a seeded request's tokens
-    # independent of hits and misses, hence of timing and batch-mates.
-    kw = dict(draft=draft, mode="ssd", k=3, max_model_len=256, fanout=[1, 1, 1, 1], fallback="neural")
+    # independent of hits and misses, hence of timing and batch-mates, when every
+    # draft forward takes one kernel path (draft_matmul_min_rows=1: the bf16 pair
+    # kernels, batch invariant; by default 1-row fallbacks take the exact path).
+    kw = dict(draft=draft, mode="ssd", k=3, max_model_len=256, fanout=[1, 1, 1, 1], fallback="neural",
+              draft_matmul_min_rows=1)
     seeded = SamplingParams(temperature=0.8, top_k=20, max_tokens=40, ignore_eos=True, seed=3)
     with LLM(target, **kw) as ssd:
         alone = ssd.generate([[5, 6, 7]], seeded)[0].token_ids

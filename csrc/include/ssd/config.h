@@ -82,8 +82,8 @@ struct EngineConfig {
   double saguaro_c = 1.0;              ///< C of SAGUARO sampling (1: plain sampling)
   std::string fallback = "auto";       ///< on a cache miss: "auto", "neural" or "fast"
   bool always_miss = false;            ///< testing: every lookup misses (no trees are built)
-  /// ssd: draft forwards over at least this many rows (the tree) use ATen's
-  /// bf16 matmul (AMX) for models with hidden_size >= 256; 0 turns it off.
+  /// sd/ssd: draft forwards over at least this many rows (the ssd tree, sd
+  /// batches) use the bf16 pair kernels (AVX512-BF16); 0 turns them off.
   int64_t draft_matmul_min_rows = 4;
 
   void validate() const;
