@@ -69,3 +69,136 @@ def test_bench_rejects_bad_options(pair):
     assert proc.returncode == 2 and "give both" in proc.stderr
     proc = bench("--batch", "1,x")
     assert proc.returncode == 2 and "comma-separated list" in proc.stderr
+
+
+# ---------------------------------------------------------------- regime sweeps (no pair is built)
+
+
+def test_regime_options_take_one_value_or_a_list():
+    from ssd.bench.__main__ import parse_args
+
+    cfg, _ = parse_args([])
+    assert (cfg.regime_acceptance, cfg.regime_cost_ratio) == (0.75, 0.25) and cfg.sweep() is None
+    cfg, _ = parse_args(["--regime-acceptance", "0.6"])  # one value: a plain number, as before
+    assert cfg.regime_acceptance == 0.6 and isinstance(cfg.regime_acceptance, float) and cfg.sweep() is None
+    cfg, _ = parse_args(["--regime-acceptance", "0.5,0.6,0.7,0.8,0.9"])
+    assert cfg.regime_acceptance == [0.5, 0.6, 0.7, 0.8, 0.9] and cfg.regime_cost_ratio == 0.25
+    assert cfg.sweep() == ("acceptance", [0.5, 0.6, 0.7, 0.8, 0.9])
+    cfg.validate()
+    cfg, _ = parse_args(["--regime-cost-ratio", "0.1,0.2,0.3,0.4,0.5", "--quick"])
+    assert cfg.sweep() == ("cost_ratio", [0.1, 0.2, 0.3, 0.4, 0.5]) and cfg.regime_acceptance == 0.75
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--regime-acceptance", "0.5,0.6", "--regime-cost-ratio", "0.1,0.2"], "1-D sweeps only"),
+    (["--regime-acceptance", "0.5,0.6", "--target", "t", "--draft", "d"], "cannot be combined with --target"),
+    (["--regime-cost-ratio", "0.1,0.2", "--draft", "d"], "cannot be combined with --target"),
+    (["--regime-acceptance", "0.5,1.2"], "argument --regime-acceptance: every value must be in (0.3, 0.99)"),
+    (["--regime-acceptance", "0.2"], "argument --regime-acceptance: every value must be in (0.3, 0.99)"),
+    (["--regime-cost-ratio", "0.02,0.2"], "argument --regime-cost-ratio: every value must be in (0.05, 0.9)"),
+    (["--regime-cost-ratio", "0.2,0.2"], "argument --regime-cost-ratio: a value repeats"),
+    (["--regime-cost-ratio", "0.2,x"], "argument --regime-cost-ratio: expected a comma-separated list"),
+])
+def test_regime_options_reject(argv, message, capsys):
+    from ssd.bench.__main__ import parse_args
+
+    with pytest.raises(SystemExit) as exc:
+        parse_args(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bench_config_rejects_bad_sweeps():
+    from ssd.bench import BenchConfig
+
+    with pytest.raises(ValueError, match="1-D sweeps"):
+        BenchConfig(regime_acceptance=[0.5, 0.6], regime_cost_ratio=[0.1, 0.2]).validate()
+    with pytest.raises(ValueError, match="regime_acceptance: a list sweeps constructed pairs"):
+        BenchConfig(target="t", draft="d", regime_acceptance=[0.5, 0.6]).validate()
+    with pytest.raises(ValueError, match=r"regime_cost_ratio: every value must be in \(0.05, 0.9\)"):
+        BenchConfig(regime_cost_ratio=[0.1, 0.95]).validate()
+    assert BenchConfig(regime_cost_ratio=[0.3]).sweep() is None
+
+
+def _run(value, dataset, mode, tok_s, pred, total=False):
+    """A run record as run_pair makes it (only what the summary, the table and the plots read)."""
+    return {"mode": mode, "dataset": dataset, "batch_size": 1, "temperature": 0.0, "same_total_hardware": total,
+            "regime_acceptance": value, "regime_cost_ratio": 0.25, "regime_agreement": value - 0.01,
+            "decode_tok_per_s": tok_s, "predicted_tok_per_s": None if total else pred,
+            "placement": "p", "target_threads": 2 if total else 1, "measured_speedup": None,
+            "predicted_speedup_isolated": None, "e2e_tok_per_s": tok_s, "ttft_s": 0.1,
+            "acceptance_rate": 0.6, "mean_accepted_len": 2.0, "cache_hit_rate": 0.5, "target_busy_fraction": 0.9,
+            "t_p": 0.8, "t_b": 0.2, "counters": {"fallback_neural": 1, "fallback_fast": 2},
+            "same_tokens_as_ar": True}
+
+
+def _synthetic_runs():
+    return [
+        # acceptance 0.5, mtbench: ar is faster than sd when measured, sd when predicted
+        _run(0.5, "mtbench", "ar", 8.0, 6.4), _run(0.5, "mtbench", "sd", 7.0, 8.0),
+        _run(0.5, "mtbench", "ssd", 10.0, 12.0),
+        _run(0.5, "mtbench", "ar", 20.0, None, total=True),  # other hardware: not a reference
+        # acceptance 0.5, humaneval without ar: no best-of-ar-and-sd ratio
+        _run(0.5, "humaneval", "sd", 5.0, 5.0), _run(0.5, "humaneval", "ssd", 6.0, 7.5),
+        # acceptance 0.9, mtbench
+        _run(0.9, "mtbench", "ar", 6.0, 6.4), _run(0.9, "mtbench", "sd", 12.0, 10.0),
+        _run(0.9, "mtbench", "ssd", 15.0, 16.0),
+    ]
+
+
+def test_sweep_summary_ratios():
+    from ssd.bench.core import sweep_summary
+
+    points = sweep_summary(_synthetic_runs(), "acceptance")
+    assert [(p["value"], p["dataset"]) for p in points] == [(0.5, "humaneval"), (0.5, "mtbench"), (0.9, "mtbench")]
+    he, mt5, mt9 = points
+    assert he["ssd_over_sd"] == pytest.approx(6.0 / 5.0) and he["predicted_ssd_over_sd"] == pytest.approx(1.5)
+    assert he["ssd_over_best"] is None and he["predicted_ssd_over_best"] is None and he["best_mode"] is None
+    assert mt5["ssd_over_sd"] == pytest.approx(10.0 / 7.0)
+    assert mt5["ssd_over_best"] == pytest.approx(10.0 / 8.0) and mt5["best_mode"] == "ar"
+    assert mt5["predicted_ssd_over_sd"] == pytest.approx(12.0 / 8.0)
+    assert mt5["predicted_ssd_over_best"] == pytest.approx(12.0 / 8.0) and mt5["predicted_best_mode"] == "sd"
+    assert mt9["ssd_over_sd"] == pytest.approx(1.25) and mt9["ssd_over_best"] == pytest.approx(1.25)
+    assert mt9["predicted_ssd_over_sd"] == pytest.approx(1.6) and mt9["predicted_ssd_over_best"] == pytest.approx(1.6)
+    assert (mt9["regime_acceptance"], mt9["regime_cost_ratio"], mt9["regime_agreement"]) == (0.9, 0.25, 0.89)
+    assert mt5["decode_tok_per_s"] == {"ar": 8.0, "sd": 7.0, "ssd": 10.0}
+
+
+def _synthetic_sweep_result():
+    from ssd.bench.core import sweep_summary
+
+    runs = _synthetic_runs()
+    pairs = [{"constructed": True, "requested": {"acceptance": a, "cost_ratio": 0.25},
+              "measured": {"agreement": a - 0.01}} for a in (0.5, 0.9)]
+    return {"pairs": pairs, "runs": runs, "peers": [],
+            "config": {"k": 4, "fanout": "geometric", "fanout_budget": "auto", "saguaro_c": 1.0,
+                       "fallback": "auto", "dtype": "float32", "max_tokens": 8, "num_prompts": 1},
+            "sweep": {"parameter": "acceptance", "values": [0.5, 0.9], "fixed": {"cost_ratio": 0.25},
+                      "points": sweep_summary(runs, "acceptance")}}
+
+
+def test_sweep_table_names_each_rows_pair():
+    import io
+
+    from ssd.bench.__main__ import print_table
+
+    out = io.StringIO()
+    print_table(_synthetic_sweep_result(), out)
+    text = out.getvalue()
+    assert "CONSTRUCTED regime pairs" in text and "at cost_ratio 0.25" in text
+    rows = [line for line in text.splitlines() if line.startswith("acc=") and "SSD/SD" not in line]
+    assert len(rows) == len(_synthetic_runs()) + 3  # every run, then the sweep's 3 points
+    assert sum(line.startswith("acc=0.9 ") for line in rows) == 3 + 1
+    assert "acc=0.5 mtbench B=1 T=0.0: SSD/SD 1.43x, SSD/max(AR,SD) 1.25x" in text
+
+
+def test_sweep_plot_is_a_png(tmp_path):
+    from ssd.bench.plots import write_plots, write_sweep_plot
+
+    result = _synthetic_sweep_result()
+    path = write_sweep_plot(result["sweep"], tmp_path / "one")
+    assert path.name == "sweep_acceptance.png"
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    # write_plots on a sweep writes the sweep plot (the per-mode plots would mix the pairs)
+    assert [p.name for p in write_plots(result, tmp_path / "all")] == ["sweep_acceptance.png"]

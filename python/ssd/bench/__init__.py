@@ -33,9 +33,17 @@ Placement: in every mode the target gets ``--target-threads`` (default 1);
 gives the draft worker its own ``--draft-threads`` (the machine's other core),
 as the paper gives the draft its own GPU. "same total hardware" rows rerun
 ``ar`` and ``sd`` with target_threads = target + draft threads.
+
+Regime sweeps: ``--regime-acceptance 0.5,0.6,0.7`` (or ``--regime-cost-ratio
+0.1,0.2,0.3``; one of the two at a time, constructed pairs only) runs all of
+the above on each constructed pair (built once, then cached). Every run
+records its pair's requested acceptance and cost ratio and measured
+agreement; the document's ``"sweep"`` lists, per value and dataset (batch,
+temperature), SSD over SD and over max(AR, SD) on the target's own hardware,
+measured and predicted, and ``--plots`` adds ``sweep_<parameter>.png``.
 """
 from __future__ import annotations
 
-from .core import BenchConfig, run_bench
+from .core import BenchConfig, run_bench, run_pair, sweep_summary
 
-__all__ = ["BenchConfig", "run_bench"]
+__all__ = ["BenchConfig", "run_bench", "run_pair", "sweep_summary"]

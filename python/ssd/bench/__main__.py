@@ -26,13 +26,31 @@ def _budget(text: str):
     return text if text == "auto" else int(text)
 
 
+def _regime(name: str):
+    """One value or a comma-separated sweep of a regime parameter, each inside regime_pair's range."""
+    def parse(text: str):
+        from ssd.testing.regime import ACCEPTANCE_RANGE, COST_RATIO_RANGE
+
+        values = _list(float)(text)
+        lo, hi = ACCEPTANCE_RANGE if name == "acceptance" else COST_RATIO_RANGE
+        bad = [v for v in values if not lo < v < hi]
+        if not values or bad:
+            raise argparse.ArgumentTypeError(f"every value must be in ({lo}, {hi}), got {text!r}")
+        if len(set(values)) != len(values):
+            raise argparse.ArgumentTypeError(f"a value repeats in {text!r}")
+        return values
+    return parse
+
+
 def parse_args(argv=None) -> tuple[BenchConfig, argparse.Namespace]:
     ap = argparse.ArgumentParser(prog="python -m ssd.bench",
                                  description="AR, SD and SSD side by side on real prompts, beside the speed model.")
     ap.add_argument("--target", help="target model (HF directory or GGUF); default: the constructed regime pair")
     ap.add_argument("--draft", help="draft model (with --target)")
-    ap.add_argument("--regime-acceptance", type=float, default=0.75, help="constructed pair: teacher-forced agreement")
-    ap.add_argument("--regime-cost-ratio", type=float, default=0.25, help="constructed pair: draft cost / target cost")
+    ap.add_argument("--regime-acceptance", type=_regime("acceptance"), default=[0.75],
+                    help="constructed pair: teacher-forced agreement; a comma-separated list sweeps it")
+    ap.add_argument("--regime-cost-ratio", type=_regime("cost_ratio"), default=[0.25],
+                    help="constructed pair: draft cost / target cost; a comma-separated list sweeps it")
     ap.add_argument("--datasets", type=_list(str), default=["humaneval", "mtbench"],
                     help=f"comma-separated, from {','.join(DATASETS)}")
     ap.add_argument("--num-prompts", type=int, default=4, help="prompts per dataset")
@@ -56,8 +74,18 @@ def parse_args(argv=None) -> tuple[BenchConfig, argparse.Namespace]:
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--plots", help="write PNG plots into this directory")
     args = ap.parse_args(argv)
-    cfg = BenchConfig(target=args.target, draft=args.draft, regime_acceptance=args.regime_acceptance,
-                      regime_cost_ratio=args.regime_cost_ratio, datasets=args.datasets,
+    # 1-D sweeps only, and only over constructed pairs.
+    swept = [opt for opt, values in (("--regime-acceptance", args.regime_acceptance),
+                                     ("--regime-cost-ratio", args.regime_cost_ratio)) if len(values) > 1]
+    if len(swept) > 1:
+        ap.error("--regime-acceptance and --regime-cost-ratio: sweep one at a time (1-D sweeps only); "
+                 "give the other a single value")
+    if swept and (args.target or args.draft):
+        ap.error(f"{swept[0]}: a list sweeps constructed regime pairs; it cannot be combined with --target/--draft")
+    # A single value stays a plain number (the config and JSON as without a sweep).
+    acceptance, cost_ratio = (v if len(v) > 1 else v[0] for v in (args.regime_acceptance, args.regime_cost_ratio))
+    cfg = BenchConfig(target=args.target, draft=args.draft, regime_acceptance=acceptance,
+                      regime_cost_ratio=cost_ratio, datasets=args.datasets,
                       num_prompts=args.num_prompts, max_tokens=args.max_tokens, batches=args.batch,
                       temperatures=args.temperature, modes=args.modes, k=args.k, fanout=args.fanout,
                       fanout_budget=args.fanout_budget, saguaro_c=args.saguaro_c, fallback=args.fallback,
@@ -72,13 +100,30 @@ def _f(x, spec=".2f"):
     return "-" if x is None else format(x, spec)
 
 
+def pair_tag(parameter: str, value: float) -> str:
+    """Short name of a sweep's pair in the table: 'acc=0.5' or 'cost=0.1'."""
+    return f"{'acc' if parameter == 'acceptance' else 'cost'}={value:g}"
+
+
 def print_table(result: dict, out=sys.stdout) -> None:
-    pair, cfg = result["pair"], result["config"]
-    label = pair.get("label") or f"{pair['target']} / {pair['draft']}"
-    print(f"pair: {label}", file=out)
-    if pair.get("constructed"):
-        print(f"      requested acceptance {pair['requested']['acceptance']}, cost ratio "
-              f"{pair['requested']['cost_ratio']}; measured agreement {pair['measured']['agreement']:.3f}", file=out)
+    cfg, sweep = result["config"], result.get("sweep")
+    if sweep is None:
+        pairs = [result["pair"]]
+        pair = result["pair"]
+        label = pair.get("label") or f"{pair['target']} / {pair['draft']}"
+        print(f"pair: {label}", file=out)
+    else:
+        pairs = result["pairs"]
+        (fixed_name, fixed_value), = sweep["fixed"].items()
+        print(f"pairs: CONSTRUCTED regime pairs (not published models), {sweep['parameter']} swept over "
+              f"{','.join(format(v, 'g') for v in sweep['values'])} at {fixed_name} {fixed_value:g}", file=out)
+    for pair in pairs:
+        if pair.get("constructed"):
+            lead = ("     " if sweep is None
+                    else f"  {pair_tag(sweep['parameter'], pair['requested'][sweep['parameter']])}:")
+            print(f"{lead} requested acceptance {pair['requested']['acceptance']}, cost ratio "
+                  f"{pair['requested']['cost_ratio']}; measured agreement {pair['measured']['agreement']:.3f}",
+                  file=out)
     print(f"k={cfg['k']} fanout={cfg['fanout']} budget={cfg['fanout_budget']} C={cfg['saguaro_c']} "
           f"fallback={cfg['fallback']} dtype={cfg['dtype']} max_tokens={cfg['max_tokens']} "
           f"prompts/dataset={cfg['num_prompts']}", file=out)
@@ -86,6 +131,16 @@ def print_table(result: dict, out=sys.stdout) -> None:
             ("dec tok/s", 9, ">"), ("pred", 8, ">"), ("x AR", 5, ">"), ("pred x", 6, ">"), ("e2e", 8, ">"),
             ("ttft", 5, ">"), ("acc", 5, ">"), ("len", 4, ">"), ("hit", 4, ">"), ("busy", 4, ">"),
             ("T_p", 4, ">"), ("T_b", 4, ">"), ("nrl", 4, ">"), ("fast", 4, ">")]
+
+    # In a sweep every row starts with the pair it ran on (its swept value).
+    def value_of(r):
+        return (r[f"regime_{sweep['parameter']}"],) if sweep else ()
+
+    def tag(r):
+        return [pair_tag(sweep["parameter"], v) for v in value_of(r)]
+
+    if sweep:
+        cols.insert(0, ("pair", 9, "<"))
 
     def row(values):
         return " ".join(f"{str(v)[:w]:{a}{w}}" for v, (_, w, a) in zip(values, cols))
@@ -95,32 +150,35 @@ def print_table(result: dict, out=sys.stdout) -> None:
     print("-" * len(head), file=out)
     for r in result["runs"]:
         spec, ssd = r["mode"] != "ar", r["mode"] == "ssd"
-        print(row([r["dataset"], r["batch_size"], f"{r['temperature']:.1f}", r["mode"], r["placement"],
-                   f"{r['decode_tok_per_s']:.2f}", _f(r["predicted_tok_per_s"]), _f(r["measured_speedup"]),
-                   _f(r["predicted_speedup_isolated"]), f"{r['e2e_tok_per_s']:.2f}", f"{r['ttft_s']:.2f}",
-                   _f(r["acceptance_rate"] if spec else None), _f(r["mean_accepted_len"] if spec else None),
-                   _f(r["cache_hit_rate"] if ssd else None), f"{r['target_busy_fraction']:.2f}",
-                   _f(r["t_p"] if ssd else None), _f(r["t_b"] if ssd else None),
-                   r["counters"]["fallback_neural"], r["counters"]["fallback_fast"]]), file=out)
+        print(row(tag(r) + [r["dataset"], r["batch_size"], f"{r['temperature']:.1f}", r["mode"], r["placement"],
+                            f"{r['decode_tok_per_s']:.2f}", _f(r["predicted_tok_per_s"]), _f(r["measured_speedup"]),
+                            _f(r["predicted_speedup_isolated"]), f"{r['e2e_tok_per_s']:.2f}", f"{r['ttft_s']:.2f}",
+                            _f(r["acceptance_rate"] if spec else None), _f(r["mean_accepted_len"] if spec else None),
+                            _f(r["cache_hit_rate"] if ssd else None), f"{r['target_busy_fraction']:.2f}",
+                            _f(r["t_p"] if ssd else None), _f(r["t_b"] if ssd else None),
+                            r["counters"]["fallback_neural"], r["counters"]["fallback_fast"]]), file=out)
     for p in result["peers"]:
-        print(row([p["dataset"], p["batch_size"], f"{p['temperature']:.1f}", p["peer"],
-                   f"torch {p['threads']} thr", f"{p['decode_tok_per_s']:.2f}", "", "", "",
-                   f"{p['e2e_tok_per_s']:.2f}", f"{p['ttft_s']:.2f}"]), file=out)
+        print(row(tag(p) + [p["dataset"], p["batch_size"], f"{p['temperature']:.1f}", p["peer"],
+                            f"torch {p['threads']} thr", f"{p['decode_tok_per_s']:.2f}", "", "", "",
+                            f"{p['e2e_tok_per_s']:.2f}", f"{p['ttft_s']:.2f}"]), file=out)
     differ = [r for r in result["runs"] if r.get("same_tokens_as_ar") is False]
     if differ:
         print("WARNING: at temperature 0 these runs did not reproduce ar's tokens: " +
-              ", ".join(f"{r['dataset']} B={r['batch_size']} {r['mode']}" for r in differ), file=out)
+              ", ".join(" ".join(tag(r) + [f"{r['dataset']} B={r['batch_size']} {r['mode']}"]) for r in differ),
+              file=out)
     elif any(r.get("same_tokens_as_ar") for r in result["runs"]):
         print("temperature 0: every mode produced ar's tokens", file=out)
-    # Headline ratios per (dataset, batch, temperature).
-    keys = sorted({(r["dataset"], r["batch_size"], r["temperature"]) for r in result["runs"]})
+    # Headline ratios per (pair when sweeping, dataset, batch, temperature).
+    keys = sorted({(*value_of(r), r["dataset"], r["batch_size"], r["temperature"]) for r in result["runs"]})
     for key in keys:
         rs = {(r["mode"], r["same_total_hardware"]): r for r in result["runs"]
-              if (r["dataset"], r["batch_size"], r["temperature"]) == key}
+              if (*value_of(r), r["dataset"], r["batch_size"], r["temperature"]) == key}
         ssd, sd, ar = rs.get(("ssd", False)), rs.get(("sd", False)), rs.get(("ar", False))
         if not (ssd and sd and ar):
             continue
-        line = (f"{key[0]} B={key[1]} T={key[2]}: SSD/SD {ssd['decode_tok_per_s'] / sd['decode_tok_per_s']:.2f}x, "
+        dataset, batch, temperature = key[-3:]
+        line = (f"{pair_tag(sweep['parameter'], key[0]) + ' ' if sweep else ''}{dataset} B={batch} T={temperature}: "
+                f"SSD/SD {ssd['decode_tok_per_s'] / sd['decode_tok_per_s']:.2f}x, "
                 f"SSD/max(AR,SD) {ssd['decode_tok_per_s'] / max(sd['decode_tok_per_s'], ar['decode_tok_per_s']):.2f}x")
         if ssd["predicted_speedup_isolated"]:
             err = ssd["measured_speedup"] / ssd["predicted_speedup_isolated"] - 1
@@ -133,6 +191,29 @@ def print_table(result: dict, out=sys.stdout) -> None:
             line += (f"; same total hardware: best {best['mode']} on {best['target_threads']} thr "
                      f"{best['decode_tok_per_s']:.2f} tok/s -> SSD {ssd['decode_tok_per_s'] / best['decode_tok_per_s']:.2f}x")
         print(line, file=out)
+    if sweep:
+        print_sweep(sweep, out)
+
+
+def print_sweep(sweep: dict, out=sys.stdout) -> None:
+    """The sweep's points: SSD over SD and over max(AR, SD), measured and from the speed model."""
+    (fixed_name, fixed_value), = sweep["fixed"].items()
+    print(f"\nsweep over {sweep['parameter']} ({fixed_name} {fixed_value:g}; CONSTRUCTED regime pairs); "
+          "target's own hardware, pred = speed model", file=out)
+    cols = [("pair", 9, "<"), ("agree", 5, ">"), ("dataset", 9, "<"), ("B", 2, ">"), ("T", 4, ">"),
+            ("SSD/SD", 6, ">"), ("pred", 6, ">"), ("SSD/best", 8, ">"), ("pred", 6, ">"), ("best", 4, "<")]
+
+    def row(values):
+        return " ".join(f"{str(v)[:w]:{a}{w}}" for v, (_, w, a) in zip(values, cols))
+
+    head = row([c[0] for c in cols])
+    print(head, file=out)
+    print("-" * len(head), file=out)
+    for pt in sweep["points"]:
+        print(row([pair_tag(sweep["parameter"], pt["value"]), _f(pt["regime_agreement"], ".3f"), pt["dataset"],
+                   pt["batch_size"], f"{pt['temperature']:.1f}", _f(pt["ssd_over_sd"]),
+                   _f(pt["predicted_ssd_over_sd"]), _f(pt["ssd_over_best"]), _f(pt["predicted_ssd_over_best"]),
+                   pt["best_mode"] or "-"]), file=out)
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,7 @@
 """The benchmark's runs, isolated component times and speed-model predictions."""
 from __future__ import annotations
 
+import gc
 import platform
 import random
 import statistics
@@ -24,8 +25,9 @@ class BenchConfig:
 
     target: str | None = None
     draft: str | None = None
-    regime_acceptance: float = 0.75
-    regime_cost_ratio: float = 0.25
+    # A list of several values sweeps that parameter over constructed pairs (one of the two at most).
+    regime_acceptance: float | list[float] = 0.75
+    regime_cost_ratio: float | list[float] = 0.25
     datasets: list[str] = field(default_factory=lambda: ["humaneval", "mtbench"])
     num_prompts: int = 4
     max_tokens: int = 64
@@ -64,6 +66,33 @@ class BenchConfig:
             raise ValueError(f"batch: every batch size must be >= 1, got {self.batches}")
         if any(t < 0 for t in self.temperatures):
             raise ValueError(f"temperature: must be >= 0, got {self.temperatures}")
+        from ssd.testing.regime import ACCEPTANCE_RANGE, COST_RATIO_RANGE
+
+        swept = []
+        for name, (lo, hi) in (("regime_acceptance", ACCEPTANCE_RANGE), ("regime_cost_ratio", COST_RATIO_RANGE)):
+            values = _values(getattr(self, name))
+            if not values or any(not lo < v < hi for v in values):
+                raise ValueError(f"{name}: every value must be in ({lo}, {hi}), got {getattr(self, name)}")
+            if len(set(values)) != len(values):
+                raise ValueError(f"{name}: a value repeats in {values}")
+            if len(values) > 1:
+                swept.append(name)
+        if len(swept) > 1:
+            raise ValueError("regime_acceptance/regime_cost_ratio: only one of them may be a list (1-D sweeps)")
+        if swept and self.target is not None:
+            raise ValueError(f"{swept[0]}: a list sweeps constructed pairs; it does not apply to target/draft")
+
+    def sweep(self) -> tuple[str, list[float]] | None:
+        """("acceptance" or "cost_ratio", its values) when one regime parameter has several values."""
+        for name in ("acceptance", "cost_ratio"):
+            values = _values(getattr(self, f"regime_{name}"))
+            if len(values) > 1:
+                return name, values
+        return None
+
+
+def _values(x) -> list[float]:
+    return [float(v) for v in x] if isinstance(x, (list, tuple)) else [float(x)]
 
 
 def load_prompts(dataset: str, n: int, tokenizer, seed: int, vocab: int) -> list[list[int]]:
@@ -207,22 +236,29 @@ def as_dict(cfg: BenchConfig) -> dict:
     return asdict(cfg)
 
 
-def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
-    """Runs every (dataset, batch, temperature, mode) combination; returns the JSON document."""
+def constructed_pair(acceptance: float, cost_ratio: float, progress: bool = True) -> dict:
+    """Builds (or loads the cached) constructed regime pair; returns its description for the JSON."""
+    from ssd.testing import regime_pair
+
+    pair = regime_pair(acceptance=acceptance, cost_ratio=cost_ratio, progress=progress)
+    return {"constructed": True, "label": "CONSTRUCTED regime pair (not a published model)",
+            "target": str(pair.target), "draft": str(pair.draft), **pair.info}
+
+
+def run_pair(cfg: BenchConfig, pair_info: dict, progress: bool = True) -> dict:
+    """Every (dataset, batch, temperature, mode) combination on one pair, with isolated component times
+    and the speed model's predictions; returns {"runs", "components_s", "peers"}."""
     import torch
 
     from ssd import models
-    from ssd.testing import regime_pair
 
-    cfg.validate()
-    if cfg.target is None:
-        pair = regime_pair(acceptance=cfg.regime_acceptance, cost_ratio=cfg.regime_cost_ratio, progress=progress)
-        target_path, draft_path = str(pair.target), str(pair.draft)
-        pair_info = {"constructed": True, "label": "CONSTRUCTED regime pair (not a published model)",
-                     "target": target_path, "draft": draft_path, **pair.info}
-    else:
-        target_path, draft_path = cfg.target, cfg.draft
-        pair_info = {"constructed": False, "target": target_path, "draft": draft_path}
+    target_path, draft_path = pair_info["target"], pair_info["draft"]
+    # Which constructed pair a run belongs to (None for a given pair).
+    regime = {"regime_acceptance": None, "regime_cost_ratio": None, "regime_agreement": None}
+    if pair_info.get("constructed"):
+        regime = {"regime_acceptance": pair_info["requested"]["acceptance"],
+                  "regime_cost_ratio": pair_info["requested"]["cost_ratio"],
+                  "regime_agreement": pair_info["measured"]["agreement"]}
     dtype = getattr(torch, cfg.dtype)
     target = models.load(target_path, dtype=dtype)
     draft = models.load(draft_path, dtype=dtype)
@@ -242,6 +278,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
         run = run_engine(target, draft, mode, prompts_of[d], cfg, b, t, threads, label=f"{d} b{b} T{t}")
         run["dataset"] = d
         run["same_total_hardware"] = threads != cfg.target_threads
+        run.update(regime)
         runs.append(run)
     # Component times in isolation, per batch size, at the mean context of the runs.
     context = statistics.mean(r["mean_context"] for r in runs)
@@ -280,6 +317,82 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
 
         for d in cfg.datasets:
             for t in cfg.temperatures:
-                peers += [{**p, "dataset": d} for p in run_hf_peers(target_path, draft_path, prompts_of[d], cfg, t)]
-    return {"pair": pair_info, "config": as_dict(cfg), "components_s": {str(b): c for b, c in comp.items()},
-            "runs": runs, "peers": peers, "machine": machine()}
+                peers += [{**p, "dataset": d, **regime}
+                          for p in run_hf_peers(target_path, draft_path, prompts_of[d], cfg, t)]
+    return {"runs": runs, "components_s": {str(b): c for b, c in comp.items()}, "peers": peers}
+
+
+def sweep_summary(runs: list[dict], parameter: str) -> list[dict]:
+    """The sweep's points: one per (swept value, dataset, batch, temperature) with an ssd run on the
+    target's own hardware. ssd_over_sd and ssd_over_best (over the faster of ar and sd) divide measured
+    decode tok/s; the predicted_* ratios divide the speed model's tok/s of the same runs. A ratio whose
+    reference run is missing (a mode left out) is None."""
+    groups: dict[tuple, dict] = {}
+    for r in runs:
+        if not r["same_total_hardware"]:
+            key = (r[f"regime_{parameter}"], r["dataset"], r["batch_size"], r["temperature"])
+            groups.setdefault(key, {})[r["mode"]] = r
+
+    def ratio(num, den):
+        return num / den if num is not None and den else None
+
+    points = []
+    for (value, dataset, batch, temperature), by_mode in sorted(groups.items()):
+        ssd, sd, ar = by_mode.get("ssd"), by_mode.get("sd"), by_mode.get("ar")
+        if ssd is None:
+            continue
+        measured = {m: r["decode_tok_per_s"] for m, r in by_mode.items()}
+        predicted = {m: r.get("predicted_tok_per_s") for m, r in by_mode.items()}
+        best = pred_best = None
+        if ar and sd:
+            best = max(("ar", "sd"), key=lambda m: measured[m])
+            pred_best = max(("ar", "sd"), key=lambda m: predicted[m] or 0.0)
+        points.append({
+            "value": value, "dataset": dataset, "batch_size": batch, "temperature": temperature,
+            "regime_acceptance": ssd["regime_acceptance"], "regime_cost_ratio": ssd["regime_cost_ratio"],
+            "regime_agreement": ssd["regime_agreement"],
+            "ssd_over_sd": ratio(measured["ssd"], measured.get("sd")),
+            "ssd_over_best": ratio(measured["ssd"], measured.get(best)),
+            "best_mode": best,
+            "predicted_ssd_over_sd": ratio(predicted["ssd"], predicted.get("sd")),
+            "predicted_ssd_over_best": ratio(predicted["ssd"], predicted.get(pred_best)),
+            "predicted_best_mode": pred_best,
+            "decode_tok_per_s": measured, "predicted_tok_per_s": predicted,
+            "ssd_acceptance_rate": ssd.get("acceptance_rate"), "ssd_cache_hit_rate": ssd.get("cache_hit_rate"),
+            "sd_acceptance_rate": sd.get("acceptance_rate") if sd else None,
+        })
+    return points
+
+
+def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
+    """Runs every (dataset, batch, temperature, mode) combination; returns the JSON document.
+
+    With a regime sweep (one of cfg.regime_acceptance / cfg.regime_cost_ratio a list of several values)
+    it does so on each constructed pair in turn: "pair" gives way to "pairs" (each with its component
+    times) and "sweep" summarizes SSD against SD and the best of AR and SD per point."""
+    cfg.validate()
+    sweep = cfg.sweep()
+    if sweep is None:
+        if cfg.target is None:
+            acceptance, cost_ratio = (_values(x)[0] for x in (cfg.regime_acceptance, cfg.regime_cost_ratio))
+            pair_info = constructed_pair(acceptance, cost_ratio, progress)
+        else:
+            pair_info = {"constructed": False, "target": cfg.target, "draft": cfg.draft}
+        part = run_pair(cfg, pair_info, progress)
+        return {"pair": pair_info, "config": as_dict(cfg), "components_s": part["components_s"],
+                "runs": part["runs"], "peers": part["peers"], "machine": machine()}
+    parameter, values = sweep
+    fixed = ("cost_ratio", _values(cfg.regime_cost_ratio)[0]) if parameter == "acceptance" else \
+        ("acceptance", _values(cfg.regime_acceptance)[0])
+    pairs, runs, peers = [], [], []
+    for value in tqdm(values, desc=f"{parameter} sweep", disable=not progress):
+        point = {parameter: value, fixed[0]: fixed[1]}
+        pair_info = constructed_pair(point["acceptance"], point["cost_ratio"], progress)
+        part = run_pair(cfg, pair_info, progress)
+        pairs.append({**pair_info, "components_s": part["components_s"]})
+        runs += part["runs"]
+        peers += part["peers"]
+        gc.collect()  # the previous pair's models (a target of several GB) before loading the next
+    return {"pairs": pairs, "config": as_dict(cfg), "runs": runs, "peers": peers, "machine": machine(),
+            "sweep": {"parameter": parameter, "values": values, "fixed": {fixed[0]: fixed[1]},
+                      "points": sweep_summary(runs, parameter)}}

@@ -18,6 +18,11 @@ def write_plots(result: dict, directory: Path) -> list[Path]:
 
     directory.mkdir(parents=True, exist_ok=True)
     runs = _own_hardware(result)
+    if "sweep" in result:
+        # The per-mode plots would mix the pairs; the sweep plot and the speed model check do not.
+        written = [write_sweep_plot(result["sweep"], directory)]
+        path = _predicted_vs_measured(plt, runs, directory)
+        return written + ([path] if path else [])
     tag = "constructed regime pair" if result["pair"].get("constructed") else "given pair"
     written = []
 
@@ -84,25 +89,89 @@ def write_plots(result: dict, directory: Path) -> list[Path]:
         plt.close(fig)
 
     # 4. Predicted (isolated components) against measured speedup over ar.
+    path = _predicted_vs_measured(plt, runs, directory)
+    if path:
+        written.append(path)
+    return written
+
+
+def _predicted_vs_measured(plt, runs: list[dict], directory: Path) -> Path | None:
     pts = [(r["predicted_speedup_isolated"], r["measured_speedup"], r["mode"]) for r in runs
            if r["mode"] != "ar" and r["predicted_speedup_isolated"] and r["measured_speedup"]]
-    if pts:
-        fig, ax = plt.subplots(figsize=(5, 5))
-        for m in ("sd", "ssd"):
-            sel = [p for p in pts if p[2] == m]
-            if sel:
-                ax.scatter([p[0] for p in sel], [p[1] for p in sel], label=m, color=MODE_COLORS[m])
-        hi = max(max(p[0], p[1]) for p in pts) * 1.1
-        ax.plot([0, hi], [0, hi], "k:", label="measured = predicted")
-        ax.fill_between([0, hi], [0, hi * 0.85], [0, hi * 1.15], color="k", alpha=0.07, label="+-15%")
-        ax.set_xlim(0, hi)
-        ax.set_ylim(0, hi)
-        ax.set_xlabel("speed model (isolated component times): speedup over ar")
-        ax.set_ylabel("measured speedup over ar")
-        ax.set_title("Speed model check")
-        ax.legend()
-        fig.tight_layout()
-        written.append(directory / "predicted_vs_measured.png")
-        fig.savefig(written[-1], dpi=120)
-        plt.close(fig)
-    return written
+    if not pts:
+        return None
+    fig, ax = plt.subplots(figsize=(5, 5))
+    for m in ("sd", "ssd"):
+        sel = [p for p in pts if p[2] == m]
+        if sel:
+            ax.scatter([p[0] for p in sel], [p[1] for p in sel], label=m, color=MODE_COLORS[m])
+    hi = max(max(p[0], p[1]) for p in pts) * 1.1
+    ax.plot([0, hi], [0, hi], "k:", label="measured = predicted")
+    ax.fill_between([0, hi], [0, hi * 0.85], [0, hi * 1.15], color="k", alpha=0.07, label="+-15%")
+    ax.set_xlim(0, hi)
+    ax.set_ylim(0, hi)
+    ax.set_xlabel("speed model (isolated component times): speedup over ar")
+    ax.set_ylabel("measured speedup over ar")
+    ax.set_title("Speed model check")
+    ax.legend()
+    fig.tight_layout()
+    path = directory / "predicted_vs_measured.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+SWEEP_AXES = {"acceptance": "requested acceptance (teacher-forced top-1 agreement)",
+              "cost_ratio": "cost ratio (draft cost / target cost)"}
+
+
+def write_sweep_plot(sweep: dict, directory: Path) -> Path:
+    """sweep_<parameter>.png: SSD over SD and over max(AR, SD) against the swept parameter, measured
+    (markers) and predicted by the speed model (lines of the same colour), one series per dataset
+    (and batch / temperature when several)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directory.mkdir(parents=True, exist_ok=True)
+    parameter, points = sweep["parameter"], sweep["points"]
+    (fixed_name, fixed_value), = sweep["fixed"].items()
+    series = sorted({(p["dataset"], p["batch_size"], p["temperature"]) for p in points})
+    several_b = len({s[1] for s in series}) > 1
+    several_t = len({s[2] for s in series}) > 1
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), sharey=True)
+    panels = (("ssd_over_sd", "SSD / SD"), ("ssd_over_best", "SSD / max(AR, SD)"))
+    for ax, (key, title) in zip(axes, panels):
+        for i, (dataset, b, t) in enumerate(series):
+            name = dataset + (f" B={b}" if several_b else "") + (f" T={t:g}" if several_t else "")
+            sel = sorted((p for p in points if (p["dataset"], p["batch_size"], p["temperature"]) == (dataset, b, t)),
+                         key=lambda p: p["value"])
+            color = colors[i % len(colors)]
+            measured = [(p["value"], p[key]) for p in sel if p[key] is not None]
+            predicted = [(p["value"], p[f"predicted_{key}"]) for p in sel if p[f"predicted_{key}"] is not None]
+            if measured:
+                ax.plot(*zip(*measured), "o", color=color, markersize=7, label=f"{name} measured")
+            if predicted:  # small crosses keep a lone prediction visible
+                ax.plot(*zip(*predicted), "-x", color=color, alpha=0.8, markersize=5, label=f"{name} speed model")
+        ax.axhline(1.0, color="k", linestyle="--", linewidth=1, label="1.0 (break-even)")
+        ax.set_xticks(sorted({p["value"] for p in points}))
+        ax.set_xlabel(SWEEP_AXES.get(parameter, parameter))
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel("decode tok/s ratio (same target hardware)")
+    # One legend for both panels: a series may have a point in one panel only.
+    handles = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    fig.legend(handles.values(), handles.keys(), loc="center right", fontsize=9)
+    fixed = SWEEP_AXES.get(fixed_name, fixed_name).split(" (")[0]
+    fig.suptitle(f"SSD speedup against {parameter.replace('_', ' ')}: CONSTRUCTED regime pairs "
+                 f"({fixed} fixed at {fixed_value:g}; not published models)")
+    fig.tight_layout(rect=(0, 0, 0.85, 1))
+    path = directory / f"sweep_{parameter}.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -46,6 +46,9 @@ from ._hf_dir import write_hf_dir
 logger = logging.getLogger(__name__)
 
 PERTURBING_LAYERS = 8
+# Open intervals of the requests regime_pair accepts.
+ACCEPTANCE_RANGE = (0.3, 0.99)
+COST_RATIO_RANGE = (0.05, 0.9)
 _EPS_RANGE = (1e-3, 8.0)
 _TOLERANCE = 0.01
 _MAX_ITERATIONS = 8
@@ -101,8 +104,8 @@ def regime_pair(acceptance: float = 0.75, cost_ratio: float = 0.25,
 
 
 def _check_args(acceptance, cost_ratio, seed) -> None:
-    for name, value, (lo, hi) in (("acceptance", acceptance, (0.3, 0.99)),
-                                  ("cost_ratio", cost_ratio, (0.05, 0.9))):
+    for name, value, (lo, hi) in (("acceptance", acceptance, ACCEPTANCE_RANGE),
+                                  ("cost_ratio", cost_ratio, COST_RATIO_RANGE)):
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not lo < value < hi:
             raise ValueError(f"{name}: must be a number in ({lo}, {hi}), got {value!r}")
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
