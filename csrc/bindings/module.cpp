@@ -258,6 +258,13 @@ PYBIND11_MODULE(_C, m) {
            [](Engine& e, std::vector<int32_t> prompt, const py::dict& params) {
              return e.enqueue(Request{std::move(prompt), sampling_params_from(params)});
            })
+      .def("enqueue_batch",
+           [](Engine& e, const std::vector<std::pair<std::vector<int32_t>, py::dict>>& items) {
+             std::vector<Request> requests;
+             for (const auto& [prompt, params] : items) requests.push_back(Request{prompt, sampling_params_from(params)});
+             return e.enqueue_batch(std::move(requests));
+           },
+           "[(prompt ids, params dict)] -> ids; all queued at once, or none (ValueError naming the index).")
       .def("await_responses",
            [](Engine& e, double timeout) {
              std::vector<Response> rs;

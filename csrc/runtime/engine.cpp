@@ -81,6 +81,40 @@ class Engine::Impl {
   ~Impl() { shutdown(); }
 
   RequestId enqueue(Request request) {
+    std::vector<Request> one;
+    one.push_back(std::move(request));
+    return queue(std::move(one), false).front();
+  }
+
+  std::vector<RequestId> enqueue_batch(std::vector<Request> requests) { return queue(std::move(requests), true); }
+
+  // Validates all requests (messages name the index when `indexed`), then
+  // queues them under one lock.
+  std::vector<RequestId> queue(std::vector<Request> requests, bool indexed) {
+    std::vector<std::unique_ptr<Sequence>> seqs;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      try {
+        seqs.push_back(make_sequence(std::move(requests[i])));
+      } catch (const std::invalid_argument& e) {
+        if (!indexed) throw;
+        throw std::invalid_argument("request " + std::to_string(i) + ": " + e.what());
+      }
+    }
+    std::vector<RequestId> ids;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) throw std::runtime_error("engine is shut down");
+    for (auto& seq : seqs) {
+      seq->seed = seq->params.has_seed ? seq->params.seed : (uint64_t{seed_source_()} << 32) | seed_source_();
+      seq->metrics.seed = seq->seed;
+      seq->id = next_id_++;
+      ids.push_back(seq->id);
+      inbox_.push_back(std::move(seq));
+    }
+    wake_.notify_all();
+    return ids;
+  }
+
+  std::unique_ptr<Sequence> make_sequence(Request request) const {
     const int64_t vocab = model_->config().vocab_size;
     request.params.validate(vocab);
     if (request.prompt.empty()) throw std::invalid_argument("prompt: must contain at least one token");
@@ -99,16 +133,7 @@ class Engine::Impl {
     seq->tokens = std::move(request.prompt);
     seq->enqueued = Clock::now();
     seq->metrics.prompt_tokens = n;
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) throw std::runtime_error("engine is shut down");
-    seq->seed = request.params.has_seed ? request.params.seed
-                                           : (uint64_t{seed_source_()} << 32) | seed_source_();
-    seq->metrics.seed = seq->seed;
-    seq->id = next_id_++;
-    const RequestId id = seq->id;
-    inbox_.push_back(std::move(seq));
-    wake_.notify_all();
-    return id;
+    return seq;
   }
 
   std::vector<Response> await_responses(double timeout_s) {
@@ -647,6 +672,9 @@ Engine::Engine(const EngineConfig& config, std::shared_ptr<model::Model> target,
                                    std::move(draft))) {}
 Engine::~Engine() = default;
 RequestId Engine::enqueue(Request request) { return impl_->enqueue(std::move(request)); }
+std::vector<RequestId> Engine::enqueue_batch(std::vector<Request> requests) {
+  return impl_->enqueue_batch(std::move(requests));
+}
 std::vector<Response> Engine::await_responses(double timeout_s) { return impl_->await_responses(timeout_s); }
 void Engine::cancel(RequestId id) { impl_->cancel(id); }
 void Engine::shutdown() { impl_->shutdown(); }

@@ -192,9 +192,12 @@ class LLM:
 
     def _submit(self, index: int, text, ids, params: SamplingParams) -> int:
         rid = self._engine.enqueue(ids, params.core_dict())
+        self._track(rid, index, text, ids, params)
+        return rid
+
+    def _track(self, rid: int, index: int, text, ids, params: SamplingParams) -> None:
         out = RequestOutput(index=index, prompt=text, prompt_token_ids=ids)
         self._trackers[rid] = _Tracker(out, params, self.model.tokenizer)
-        return rid
 
     # ---------------------------------------------------------------- engine
     def _pump(self, timeout: float) -> list[int]:
@@ -225,7 +228,10 @@ class LLM:
         invalid one raises ValueError naming its index.
         """
         prepared = self._prepare(prompts, params)
-        ids = [self._submit(i, text, toks, p) for i, (text, toks, p) in enumerate(prepared)]
+        # All at once: the engine's first step then prefills the whole batch.
+        ids = self._engine.enqueue_batch([(toks, p.core_dict()) for _, toks, p in prepared])
+        for i, (rid, (text, toks, p)) in enumerate(zip(ids, prepared)):
+            self._track(rid, i, text, toks, p)
         bar = None
         if use_tqdm:
             from tqdm.auto import tqdm

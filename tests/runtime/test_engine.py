@@ -125,6 +125,36 @@ def test_bad_request_values_raise_before_queueing(model_dir):
         assert len(llm.generate([[1, 2]], ok)[0].token_ids) == 4
 
 
+def test_generate_queues_the_batch_at_once(model_dir):
+    """All of generate()'s requests reach the engine together: the first step
+    prefills every prompt, so n tokens each take exactly n steps (a staggered
+    start would add steps, and would count prefill as decode time)."""
+    rng = random.Random(3)
+    prompts = [[rng.randrange(512) for _ in range(rng.randrange(5, 40))] for _ in range(8)]
+    for _ in range(6):  # the engine thread's wake-up races the enqueues: try several times
+        with LLM(model_dir, max_model_len=64, max_batch=8) as llm:
+            outs = llm.generate(prompts, greedy(12))
+            assert llm.stats()["steps"] == 12
+        assert all(len(o.token_ids) == 12 for o in outs)
+
+
+def test_enqueue_batch_is_all_or_nothing(model_dir):
+    with LLM(model_dir, max_model_len=32) as llm:
+        ok = greedy(3).core_dict()
+        with pytest.raises(ValueError, match="request 1: prompt: token id 600 is outside"):
+            llm._engine.enqueue_batch([([1, 2], ok), ([600], ok)])
+        with pytest.raises(ValueError, match="request 0: temperature"):
+            llm._engine.enqueue_batch([([1], {**ok, "temperature": -1.0})])
+        assert llm.stats()["steps"] == 0  # nothing was queued
+        ids = llm._engine.enqueue_batch([([1, 2], ok), ([3], ok)])
+        assert len(set(ids)) == 2
+        done = set()
+        deadline = time.time() + 60
+        while len(done) < 2 and time.time() < deadline:
+            done |= {r["id"] for r in llm._engine.await_responses(0.05) if r["finished"]}
+        assert done == set(ids)
+
+
 @pytest.mark.parametrize("field,value", [
     ("temperature", -0.5), ("temperature", float("nan")), ("top_k", -3), ("top_p", 0.0),
     ("top_p", 1.5), ("max_tokens", 0), ("seed", -1), ("stop", [""]), ("stop_token_ids", [-1]),

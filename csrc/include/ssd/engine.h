@@ -33,6 +33,10 @@ class Engine {
   /// Validates and queues a request. Throws std::invalid_argument (naming the
   /// problem) without queueing anything when the request is invalid.
   RequestId enqueue(Request request);
+  /// Validates every request, then queues them all at once, so the engine's
+  /// next step sees the whole batch (one prefill instead of a staggered start).
+  /// Throws std::invalid_argument naming the request's index, queueing nothing.
+  std::vector<RequestId> enqueue_batch(std::vector<Request> requests);
   /// Waits up to timeout_s seconds for responses; returns all that are ready.
   std::vector<Response> await_responses(double timeout_s);
   /// Ends a request with kCancelled; unknown or finished ids are ignored.

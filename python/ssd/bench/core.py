@@ -179,8 +179,14 @@ def _median_forward(runner, batch, all_logits=False, matmul_min_rows=0, repeats=
 
 
 def components(target_core, draft_core, context: float, k: int, batch: int, tree_rows: int,
-               target_threads: int, draft_threads: int, matmul_min_rows: int = 0) -> dict:
-    """Isolated component times (seconds) at `context` tokens for `batch` sequences."""
+               target_threads: int, draft_threads: int, matmul_min_rows: int = 4) -> dict:
+    """Isolated component times (seconds) at `context` tokens for `batch` sequences.
+
+    As the engine runs them: a draft step of `batch` rows takes the bf16 pair
+    kernels from `matmul_min_rows` rows (EngineConfig.draft_matmul_min_rows),
+    the ssd tree (the fork forward over `batch` rows, steps over `tree_rows`)
+    always does.
+    """
     from ssd import _C
 
     vocab = target_core.vocab_size
@@ -199,9 +205,12 @@ def components(target_core, draft_core, context: float, k: int, batch: int, tree
         r = _C.SequenceRunner(draft_core, (rows + 1) * (int(context) // 16 + 8), 16, draft_threads)
         ids = [r.add_sequence() for _ in range(rows)]
         r.extend([(i, prompt) for i in ids], False)
-        out["t_draft"] = _median_forward(r, [(i, [11 % vocab]) for i in ids[:batch]])
+        out["t_draft"] = _median_forward(r, [(i, [11 % vocab]) for i in ids[:batch]],
+                                         matmul_min_rows=matmul_min_rows)
+        pairs = 1 if matmul_min_rows > 0 else 0
+        out["t_fork"] = _median_forward(r, [(i, [11 % vocab]) for i in ids[:batch]], matmul_min_rows=pairs)
         out["t_tree"] = _median_forward(r, [(i, [11 % vocab]) for i in ids[:max(1, tree_rows)]],
-                                        matmul_min_rows=matmul_min_rows)
+                                        matmul_min_rows=pairs)
         out["tree_rows"] = max(1, tree_rows)
         del r
     return out
@@ -217,7 +226,9 @@ def predict(run: dict, c: dict, k: int) -> float:
     cnt = run["counters"]
     misses = cnt["fallback_neural"] + cnt["fallback_fast"]
     neural_share = cnt["fallback_neural"] / misses if misses else 1.0
-    t_p = (c["t_draft"] + k * c["t_tree"]) / c["t_verify"]
+    # The fork forward over the last proposal runs only when F_K > 0.
+    fork = c.get("t_fork", c["t_draft"]) if not run.get("fanout") or run["fanout"][-1] > 0 else 0.0
+    t_p = (fork + k * c["t_tree"]) / c["t_verify"]
     t_b = neural_share * k * c["t_draft"] / c["t_verify"]
     p = run["cache_hit_rate"]
     all_hit = p ** b
@@ -287,10 +298,8 @@ def run_pair(cfg: BenchConfig, pair_info: dict, progress: bool = True) -> dict:
         ssd_runs = [r for r in runs if r["mode"] == "ssd" and r["batch_size"] == b]
         rows = max((round(r["counters"]["tree_branches"] / max(1, r["counters"]["draft_rounds"])) for r in ssd_runs),
                    default=1)
-        # The engine's tree uses the bf16 matmul path for drafts with hidden_size >= 256.
-        matmul = 4 if draft.config.hidden_size >= 256 else 0
         comp[b] = components(target.core_model(), draft.core_model(), context, cfg.k, b, rows,
-                             cfg.target_threads, cfg.draft_threads, matmul)
+                             cfg.target_threads, cfg.draft_threads)
     for r in runs:
         if r["same_total_hardware"]:
             r["predicted_tok_per_s"] = None
