@@ -105,6 +105,17 @@ def pair_tag(parameter: str, value: float) -> str:
     return f"{'acc' if parameter == 'acceptance' else 'cost'}={value:g}"
 
 
+def _table(cols, out):
+    """Prints the header of a fixed-width table of (name, width, align) columns; returns its row formatter."""
+    def row(values):
+        return " ".join(f"{str(v)[:w]:{a}{w}}" for v, (_, w, a) in zip(values, cols))
+
+    head = row([c[0] for c in cols])
+    print(head, file=out)
+    print("-" * len(head), file=out)
+    return row
+
+
 def print_table(result: dict, out=sys.stdout) -> None:
     cfg, sweep = result["config"], result.get("sweep")
     if sweep is None:
@@ -142,12 +153,7 @@ def print_table(result: dict, out=sys.stdout) -> None:
     if sweep:
         cols.insert(0, ("pair", 9, "<"))
 
-    def row(values):
-        return " ".join(f"{str(v)[:w]:{a}{w}}" for v, (_, w, a) in zip(values, cols))
-
-    head = row([c[0] for c in cols])
-    print(head, file=out)
-    print("-" * len(head), file=out)
+    row = _table(cols, out)
     for r in result["runs"]:
         spec, ssd = r["mode"] != "ar", r["mode"] == "ssd"
         print(row(tag(r) + [r["dataset"], r["batch_size"], f"{r['temperature']:.1f}", r["mode"], r["placement"],
@@ -203,12 +209,7 @@ def print_sweep(sweep: dict, out=sys.stdout) -> None:
     cols = [("pair", 9, "<"), ("agree", 5, ">"), ("dataset", 9, "<"), ("B", 2, ">"), ("T", 4, ">"),
             ("SSD/SD", 6, ">"), ("pred", 6, ">"), ("SSD/best", 8, ">"), ("pred", 6, ">"), ("best", 4, "<")]
 
-    def row(values):
-        return " ".join(f"{str(v)[:w]:{a}{w}}" for v, (_, w, a) in zip(values, cols))
-
-    head = row([c[0] for c in cols])
-    print(head, file=out)
-    print("-" * len(head), file=out)
+    row = _table(cols, out)
     for pt in sweep["points"]:
         print(row([pair_tag(sweep["parameter"], pt["value"]), _f(pt["regime_agreement"], ".3f"), pt["dataset"],
                    pt["batch_size"], f"{pt['temperature']:.1f}", _f(pt["ssd_over_sd"]),
