@@ -1,5 +1,8 @@
-"""Shared pytest setup: hardware markers skip themselves when the hardware is absent."""
+"""Shared pytest setup: hardware markers skip themselves when the hardware is absent; the tiny
+speculative pair used by the runtime and bench tests."""
 import pytest
+
+from tests.reference.tiny_models import TinySpec, build_tiny_model
 
 
 def _cuda_devices() -> int:
@@ -18,3 +21,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs an NVIDIA GPU"))
         elif "multi_gpu" in item.keywords and devices < 2:
             item.add_marker(pytest.mark.skip(reason="needs two or more GPUs"))
+
+
+@pytest.fixture(scope="session")
+def pair(tmp_path_factory):
+    """A random target (3 layers) and draft (1 layer), vocabulary 256."""
+    root = tmp_path_factory.mktemp("spec_pair")
+    target, _ = build_tiny_model(TinySpec(vocab_size=256, num_layers=3, seed=1, init_std=0.1), root / "t")
+    draft, _ = build_tiny_model(TinySpec(vocab_size=256, num_layers=1, seed=2, init_std=0.1), root / "d")
+    return target, draft

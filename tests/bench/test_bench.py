@@ -9,17 +9,8 @@ import pytest
 
 import ssd
 
-from tests.reference.tiny_models import TinySpec, build_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("bench")
-    target, _ = build_tiny_model(TinySpec(vocab_size=256, num_layers=3, seed=1, init_std=0.1), root / "t")
-    draft, _ = build_tiny_model(TinySpec(vocab_size=256, num_layers=1, seed=2, init_std=0.1), root / "d")
-    return target, draft
 
 
 def bench(*args):

@@ -1,16 +1,7 @@
-"""Model pairs shared by the speculative-mode tests (sd and ssd)."""
+"""Model pairs of the speculative-mode tests (sd and ssd); `pair` is in tests/conftest.py."""
 import pytest
 
 from tests.reference.tiny_models import TinySpec, build_tiny_model
-
-
-@pytest.fixture(scope="session")
-def pair(tmp_path_factory):
-    """A random target (3 layers) and draft (1 layer), vocabulary 256."""
-    root = tmp_path_factory.mktemp("spec_pair")
-    target, _ = build_tiny_model(TinySpec(vocab_size=256, num_layers=3, seed=1, init_std=0.1), root / "t")
-    draft, _ = build_tiny_model(TinySpec(vocab_size=256, num_layers=1, seed=2, init_std=0.1), root / "d")
-    return target, draft
 
 
 @pytest.fixture(scope="session")
