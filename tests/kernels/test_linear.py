@@ -15,7 +15,7 @@ from ssd import _C
 
 # k with and without 16- and 2-element tails; n with partial 4-row tiles and 64-column panels.
 SHAPES = [(5, 72), (13, 80), (64, 16), (300, 577), (130, 1536)]
-ROW_COUNTS = [1, 2, 3, 4, 5, 6, 7, 9, 13, 70]
+ROW_COUNTS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 13, 70]
 
 
 def _operands(n, k, m, dtype, seed):

@@ -35,10 +35,16 @@ inline void tile_block(const float* x, int64_t ldx, const WT* tile, int64_t k, f
     // One activation row is bound by memory latency: pull the stream into L1.
     // With more rows the loop is busier and L2 is close enough.
     for (int64_t l = 0; l < kTileChunk; l += kLine) __builtin_prefetch(w + kAhead + l, 0, MR == 1 ? 3 : 2);
+    // From 3 rows the block is bound by multiply-adds, not memory: operands
+    // stay in registers (vpin) so that each is loaded once per chunk.
     Vec wv[kTileRows];
-    for (int64_t j = 0; j < kTileRows; ++j) wv[j] = vload(w + j * kLanes);
+    for (int64_t j = 0; j < kTileRows; ++j) {
+      wv[j] = vload(w + j * kLanes);
+      if constexpr (MR >= 3) vpin(wv[j]);
+    }
     for (int64_t i = 0; i < MR; ++i) {
-      const Vec xv = vload(x + i * ldx + c * kLanes);
+      Vec xv = vload(x + i * ldx + c * kLanes);
+      if constexpr (MR >= 3) vpin(xv);
       for (int64_t j = 0; j < kTileRows; ++j) acc[i][j] = vfma(xv, wv[j], acc[i][j]);
     }
   }
@@ -109,7 +115,8 @@ void linear(const float* x, int64_t ldx, const WT* wp, const float* bias, float*
         const int64_t cols = std::min(kTileRows, n - t * kTileRows);
         for (int64_t i = i0; i < i1;) {
           const int64_t left = i1 - i;
-          const int64_t rows = left <= kMaxGroup ? left : 4;
+          // Balanced groups of up to kMaxGroup rows (8 -> 4 + 4, 11 -> 6 + 5).
+          const int64_t rows = left <= kMaxGroup ? left : left <= 2 * kMaxGroup ? (left + 1) / 2 : kMaxGroup;
           group_block(rows, x + i * ldx, ldx, wp + t * tile_elems, k, y + i * ldy + t * kTileRows, ldy, cols);
           i += rows;
         }

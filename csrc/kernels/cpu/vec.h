@@ -40,6 +40,15 @@ inline Vec vload_tail(const uint16_t* p, int64_t n) {
 }
 inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline float vsum(Vec a) { return _mm512_reduce_add_ps(a); }
+// Keeps a loaded vector in a register: without it the compiler folds the load
+// into every multiply-add that uses the vector, and a register block of
+// products then issues one load per multiply-add (half the FMA rate on Zen 4).
+// Changes no arithmetic.
+inline void vpin(Vec& v) {
+#if defined(__GNUC__)
+  __asm__("" : "+v"(v));
+#endif
+}
 #else
 struct Vec {
   float v[kLanes];
@@ -72,6 +81,7 @@ inline float vsum(Vec a) {
     for (int64_t i = 0; i < w; ++i) a.v[i] = a.v[i] + a.v[i + w];
   return a.v[0];
 }
+inline void vpin(Vec&) {}
 #endif
 
 /// Dot product of two length-n vectors with the canonical reduction order.
