@@ -167,6 +167,10 @@ py::dict stats_dict(const EngineStats& s) {
   d["draft_round_seconds"] = s.draft_round_seconds;
   d["fallback_batches"] = s.fallback_batches;
   d["fallback_seconds"] = s.fallback_seconds;
+  d["fallback_neural_estimate"] = s.fallback_neural_estimate;
+  d["fallback_fast_estimate"] = s.fallback_fast_estimate;
+  d["fast_shadow_rounds"] = s.fast_shadow_rounds;
+  d["fast_shadow_tokens"] = s.fast_shadow_tokens;
   add_speed(d, speed_metrics(s));
   return d;
 }
@@ -219,6 +223,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("geometric_fanout", &runtime::geometric_fanout, py::arg("k"), py::arg("budget"),
         py::arg("acceptance"), py::arg("miss_exponent"));
   m.def("ngram_propose", &runtime::ngram_propose, py::arg("tokens"), py::arg("k"), py::arg("max_n") = 3);
+  m.def("proposal_emitted", &runtime::proposal_emitted, py::arg("text"), py::arg("at"), py::arg("proposal"));
   m.def("validate_model_config", [](const py::dict& d) { model_config_from(d); });
   m.def("validate_engine_config", [](const py::dict& d) { engine_config_from(d); });
   m.def("validate_sampling_params",

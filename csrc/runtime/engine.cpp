@@ -181,6 +181,10 @@ class Engine::Impl {
       s.draft_round_seconds = w.tree_seconds;
       s.fallback_batches = w.fallback_batches;
       s.fallback_seconds = w.fallback_seconds;
+      s.fallback_neural_estimate = w.fallback_neural_estimate;
+      s.fallback_fast_estimate = w.fallback_fast_estimate;
+      s.fast_shadow_rounds = w.fast_shadow_rounds;
+      s.fast_shadow_tokens = w.fast_shadow_tokens;
     }
     s.random_token_acceptance = 1.0 / static_cast<double>(model_->config().vocab_size);
     return s;

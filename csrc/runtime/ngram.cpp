@@ -20,4 +20,13 @@ std::vector<int32_t> ngram_propose(const std::vector<int32_t>& tokens, int64_t k
   return std::vector<int32_t>(static_cast<size_t>(k), tokens.back());
 }
 
+int64_t proposal_emitted(const std::vector<int32_t>& text, int64_t at, const std::vector<int32_t>& proposal) {
+  const auto n = static_cast<int64_t>(proposal.size());
+  const int64_t known = std::max<int64_t>(0, static_cast<int64_t>(text.size()) - at);
+  int64_t agree = 0;
+  while (agree < std::min(n, known) && text[static_cast<size_t>(at + agree)] == proposal[static_cast<size_t>(agree)])
+    ++agree;
+  return agree == known && agree < n ? -1 : agree + 1;
+}
+
 }  // namespace ssd::runtime

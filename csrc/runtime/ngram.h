@@ -13,4 +13,9 @@ namespace ssd::runtime {
 /// repeated; a match too close to the end keeps reading into its own proposals.
 std::vector<int32_t> ngram_propose(const std::vector<int32_t>& tokens, int64_t k, int64_t max_n = 3);
 
+/// Tokens a round verifying `proposal` (made when the text had `at` tokens)
+/// emits, read off the text committed since: the proposal's agreeing prefix
+/// plus one. -1 while the text agrees with every proposed token it has.
+int64_t proposal_emitted(const std::vector<int32_t>& text, int64_t at, const std::vector<int32_t>& proposal);
+
 }  // namespace ssd::runtime

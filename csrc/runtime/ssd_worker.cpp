@@ -45,6 +45,9 @@ int64_t max_budget(const EngineConfig& c) {
   return c.fanout_budget > 0 ? c.fanout_budget : 16;
 }
 
+// Running mean of a per-round quantity, weighted towards recent rounds.
+void ema(double& v, int64_t& n, double x) { v = n++ == 0 ? x : 0.9 * v + 0.1 * x; }
+
 }  // namespace
 
 struct DraftWorker::Seq {
@@ -72,6 +75,10 @@ struct DraftWorker::Seq {
   std::vector<std::vector<int32_t>> ranked;  // [K + 1] ranked draft tokens per fork point
   SpecSource source = SpecSource::kStart;
   bool treed = false;
+  // The n-gram proposals the fast kind would have made (at tokens.size() ==
+  // first) while the neural kind answered; each scored once the committed
+  // text decides it.
+  std::vector<std::pair<int64_t, std::vector<int32_t>>> shadows;
   std::vector<Branch> branches;
   std::map<std::pair<int64_t, int32_t>, Entry> cache;
 };
@@ -232,6 +239,9 @@ void DraftWorker::handle(std::vector<SpecMessage>& messages) {
   std::string failure;
   if (!misses.empty()) {
     const Fallback kind = choose_fallback(outcomes);
+    if (kind == Fallback::kNeural)
+      for (Seq* s : misses)
+        s->shadows.emplace_back(static_cast<int64_t>(s->tokens.size()), ngram_propose(s->tokens, config_.k));
     try {
       run_fallback(misses, kind, out);
     } catch (const std::exception& e) {
@@ -273,6 +283,8 @@ void DraftWorker::handle(std::vector<SpecMessage>& messages) {
     stats_.fanout_budget = planner_.budget();
     stats_.acceptance_estimate = planner_.acceptance();
     stats_.miss_exponent = planner_.miss_exponent();
+    stats_.fallback_neural_estimate = kinds_[0].rounds > 0 ? kinds_[0].e : 0.0;
+    stats_.fallback_fast_estimate = kinds_[1].rounds > 0 ? kinds_[1].e : 0.0;
     for (auto& r : out) outbox_.push_back(std::move(r));
     ready_.notify_all();
   }
@@ -304,7 +316,6 @@ void DraftWorker::outcome(Seq& s, const SpecMessage& m, std::vector<Seq*>& misse
   }
   // Fallback speed-model inputs: tokens per round by where the speculation came from.
   const double emitted = static_cast<double>(k + 1);
-  auto ema = [](double& v, int64_t& n, double x) { v = n++ == 0 ? x : 0.9 * v + 0.1 * x; };
   int64_t hit_rounds = 1;
   if (s.source == SpecSource::kHit) ema(e_hit_, hit_rounds, emitted);
   if (s.source == SpecSource::kNeural) ema(kinds_[0].e, kinds_[0].rounds, emitted);
@@ -315,6 +326,7 @@ void DraftWorker::outcome(Seq& s, const SpecMessage& m, std::vector<Seq*>& misse
   bool hit = !config_.always_miss && s.treed && entry != s.cache.end();
   for (int64_t i = 0; i < k; ++i) s.tokens.push_back(s.spec[i]);
   s.tokens.push_back(m.bonus);
+  score_shadow(s);
   s.computed = std::min(s.computed, L + k);
   cache_->truncate(s.table, s.computed);
   if (hit) {
@@ -346,6 +358,30 @@ void DraftWorker::outcome(Seq& s, const SpecMessage& m, std::vector<Seq*>& misse
     s.ranked.clear();
     misses.push_back(&s);
   }
+}
+
+void DraftWorker::score_shadow(Seq& s) {
+  // Verifying a one-hot proposal accepts its next token with the target's
+  // probability of that token, the probability that the target's own sample
+  // there is that token. So the tokens a round verifying the n-gram proposal
+  // would have emitted (agreeing prefix + 1) follow the same law when read
+  // off the committed text: at any temperature, without running it.
+  int64_t rounds = 0, tokens = 0;
+  for (auto it = s.shadows.begin(); it != s.shadows.end();) {
+    const int64_t emitted = proposal_emitted(s.tokens, it->first, it->second);
+    if (emitted < 0) {  // the text agrees so far
+      ++it;
+      continue;
+    }
+    ema(kinds_[1].e, kinds_[1].rounds, static_cast<double>(emitted));
+    ++rounds;
+    tokens += emitted;
+    it = s.shadows.erase(it);
+  }
+  if (rounds == 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.fast_shadow_rounds += rounds;
+  stats_.fast_shadow_tokens += tokens;
 }
 
 DraftWorker::Fallback DraftWorker::choose_fallback(int64_t batch) {

@@ -79,6 +79,10 @@ struct DraftWorkerStats {
   std::vector<int64_t> fanout;
   double acceptance_estimate = 0.0;
   double miss_exponent = 0.0;
+  double fallback_neural_estimate = 0.0;  ///< "auto": tokens per round, per kind
+  double fallback_fast_estimate = 0.0;
+  int64_t fast_shadow_rounds = 0;
+  int64_t fast_shadow_tokens = 0;
 };
 
 class DraftWorker {
@@ -104,6 +108,8 @@ class DraftWorker {
   void handle(std::vector<SpecMessage>& messages);
   void outcome(Seq& s, const SpecMessage& m, std::vector<Seq*>& misses, std::vector<Speculation>& out);
   Fallback choose_fallback(int64_t batch);
+  /// Scores the pending n-gram shadow proposals the committed text now decides.
+  void score_shadow(Seq& s);
   void run_fallback(std::vector<Seq*>& seqs, Fallback kind, std::vector<Speculation>& out, bool starts = false);
   void build_trees(std::vector<Seq*>& seqs);
   /// Feeds every path and samples its tokens, all paths batched per step.

@@ -42,6 +42,13 @@ def test_greedy_equals_ar(pair, ar_greedy, max_batch, variant):
         assert stats["fast_tokens_proposed"] >= stats["fallback_fast"]
     if variant == "always_miss":
         assert stats["cache_hits"] == 0 and stats["fallback_neural"] == stats["cache_lookups"]
+    # One n-gram shadow per neural fallback, scored unless its text ended first (those made in a
+    # prompt's last k + 1 tokens at most).
+    shadows = stats["fast_shadow_rounds"]
+    assert stats["fallback_neural"] - 4 * len(got) <= shadows <= stats["fallback_neural"]
+    assert shadows <= stats["fast_shadow_tokens"] <= 4 * shadows
+    if shadows or stats["fallback_fast"]:
+        assert 1.0 <= stats["fallback_fast_estimate"] <= 4.0
     assert stats["fallback_neural"] + stats["fallback_fast"] == stats["cache_lookups"] - stats["cache_hits"]
 
 
@@ -120,6 +127,31 @@ def test_output_law_equals_target(small_pair, case):
     assert stats[f"fallback_{kind}"] > 0, f"the {kind} fallback never ran"
     for expected, observed in zip(laws, law.views(counts)):
         assert g_test(observed, expected) > 0.001
+
+
+def test_shadow_scoring_matches_running_the_fast_fallback(small_pair):
+    """The n-gram proposals scored beside neural fallbacks emit, on average, what
+    verifying them emits when the fast fallback runs (temperature 1, every round
+    a fallback): a one-hot proposal's token is accepted with the target's
+    probability of it, the chance that the target's own sample is that token."""
+    target, draft = small_pair
+    means = {}
+    for kind in ("neural", "fast"):
+        with LLM(target, draft=draft, mode="ssd", k=2, max_model_len=64, max_batch=512, always_miss=True,
+                 fallback=kind) as ssd:
+            params = [SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True, seed=500 + i)
+                      for i in range(1500)]
+            ssd.generate([PROMPT] * len(params), params)
+            s = ssd.stats()
+        if kind == "neural":
+            rounds, tokens = s["fast_shadow_rounds"], s["fast_shadow_tokens"]
+        else:
+            rounds, tokens = s["fallback_fast"], s["fallback_fast"] + s["fast_tokens_accepted"]
+        assert rounds > 5000
+        means[kind] = tokens / rounds
+    # 1 token when every proposal fails, 3 when every one holds; the two must agree closely.
+    assert 1.2 < means["fast"] < 2.8
+    assert means["neural"] == pytest.approx(means["fast"], abs=0.05), means
 
 
 def test_broken_fast_fallback_fails_the_law_test(small_pair, monkeypatch):

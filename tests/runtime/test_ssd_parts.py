@@ -43,6 +43,22 @@ def test_ngram_proposals():
     assert _C.ngram_propose([5], 2) == [5, 5]
 
 
+def test_proposal_emitted_reads_a_proposal_off_the_committed_text():
+    text = [5, 6, 7, 8, 9, 10]
+    # Proposal made at 2 tokens: [7, 8] agree, 0 != 9, so its round would emit 2 + 1.
+    assert _C.proposal_emitted(text, 2, [7, 8, 0, 1]) == 3
+    # Every proposed token agrees: all of them plus the bonus.
+    assert _C.proposal_emitted(text, 2, [7, 8, 9]) == 4
+    assert _C.proposal_emitted(text, 2, [7, 8, 9, 10]) == 5
+    # The first token disagrees: only the bonus.
+    assert _C.proposal_emitted(text, 3, [1, 9]) == 1
+    # Undecided while the committed text agrees with all it has.
+    assert _C.proposal_emitted(text, 4, [9, 10, 11]) == -1
+    assert _C.proposal_emitted(text, 6, [1]) == -1
+    # An empty proposal is decided at once: the bonus alone.
+    assert _C.proposal_emitted(text, 6, []) == 1
+
+
 def test_speed_model_formula():
     counters = dict(rounds=12, draft_tokens_proposed=48, draft_tokens_accepted=20, generated_tokens=34,
                     cache_lookups=10, cache_hits=6, hit_tokens=24, miss_tokens=8,

@@ -97,6 +97,14 @@ struct EngineStats {
   double draft_round_seconds = 0.0;  ///< draft worker: fork points + tree decode
   int64_t fallback_batches = 0;
   double fallback_seconds = 0.0;
+  // The "auto" fallback's estimates of tokens per round verifying each kind's
+  // proposals. Shadow rounds: n-gram proposals made beside each neural
+  // fallback and scored against the committed text (the tokens their rounds
+  // would have emitted, summed in fast_shadow_tokens; see DraftWorker).
+  double fallback_neural_estimate = 0.0;
+  double fallback_fast_estimate = 0.0;
+  int64_t fast_shadow_rounds = 0;
+  int64_t fast_shadow_tokens = 0;
 };
 
 /// The speed model's quantities, defined once for the engine and per request.
