@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include "../kernels/cpu/linear.h"
+#include "../kernels/cpu/ops.h"
 #include "../kernels/cpu/sampling.h"
 #include "../model/model.h"
 #include "../model/runner.h"
@@ -308,6 +309,17 @@ PYBIND11_MODULE(_C, m) {
         },
         py::arg("logits"), py::arg("temperature"), py::arg("top_k") = 0, py::arg("top_p") = 1.0,
         "logits: [vocab] -> processed probabilities [vocab] (temperature, top-k, top-p).");
+  m.def(
+      "silu_mul",
+      [](const at::Tensor& gu) {
+        TORCH_CHECK(gu.dim() == 2 && gu.size(1) % 2 == 0, "gu must be [rows, 2n]");
+        const at::Tensor x = gu.to(at::kFloat).contiguous();
+        const int64_t rows = x.size(0), n = x.size(1) / 2;
+        at::Tensor out = at::empty({rows, n}, at::kFloat);
+        kernels::silu_mul(x.data_ptr<float>(), out.data_ptr<float>(), rows, n);
+        return out;
+      },
+      py::arg("gu"), "The model's MLP activation: silu(gu[:, :n]) * gu[:, n:].");
   m.def("packed_linear",
         [](const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, bool pairs,
            int64_t threads) {

@@ -33,17 +33,6 @@ inline void prefetch_row(const float* row, int64_t d) {
 // Keys per register-blocked step of the value sum.
 constexpr int64_t kValueTile = 16;
 
-#if SSD_AVX512
-inline Vec vbroadcast(float x) { return _mm512_set1_ps(x); }
-inline void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
-#else
-inline Vec vbroadcast(float x) {
-  Vec r;
-  for (int64_t l = 0; l < kLanes; ++l) r.v[l] = x;
-  return r;
-}
-inline void vstore(float* p, Vec v) { std::memcpy(p, v.v, sizeof(v.v)); }
-#endif
 
 // o[i] = fma(w[p * w_stride], vals[p][i], o[i]) for p = 0..count-1 in order,
 // for NV 16-lane slices of o held in registers across the p loop (NV
@@ -65,12 +54,29 @@ inline void accumulate_values(float* o, int64_t d, const float* w, int64_t w_str
                               int64_t count) {
   int64_t i = 0;
   for (; i + 8 * kLanes <= d; i += 8 * kLanes) accumulate_slices<8>(o + i, w, w_stride, vals, count, i);
+  for (; i + 4 * kLanes <= d; i += 4 * kLanes) accumulate_slices<4>(o + i, w, w_stride, vals, count, i);
   for (; i + 2 * kLanes <= d; i += 2 * kLanes) accumulate_slices<2>(o + i, w, w_stride, vals, count, i);
   for (; i + kLanes <= d; i += kLanes) accumulate_slices<1>(o + i, w, w_stride, vals, count, i);
   for (; i < d; ++i) {
     float acc = o[i];
     for (int64_t p = 0; p < count; ++p) acc = std::fma(w[p * w_stride], vals[p][i], acc);
     o[i] = acc;
+  }
+}
+
+// Scores of `heads` query heads (head h at q + h * C * 16) against one key,
+// each in dot()'s operation order; the key's C chunks are loaded once for all
+// heads.
+template <int C>
+inline void head_scores(const float* q, int64_t heads, const float* key, float scale, float* scores,
+                        float* max_score) {
+  Vec k[C];
+  for (int c = 0; c < C; ++c) k[c] = vload(key + c * kLanes);
+  for (int64_t h = 0; h < heads; ++h) {
+    Vec acc = vzero();
+    for (int c = 0; c < C; ++c) acc = vfma(vload(q + (h * C + c) * kLanes), k[c], acc);
+    scores[h] = vsum(acc) * scale;
+    max_score[h] = std::max(max_score[h], scores[h]);
   }
 }
 
@@ -111,21 +117,31 @@ void attend_rows(AttentionScratch& s, int64_t heads, int64_t d, float scale, Key
     for (int64_t r = 0; r < num_rows; ++r) {
       if (p >= s.rows[r].n) continue;
       const float* key = key_at(r, p);
-      for (int64_t h = 0; h < heads; ++h) {
-        const int64_t c = r * heads + h;
-        scores[c] = dot(s.rows[r].q + h * d, key, d) * scale;
-        s.max_score[c] = std::max(s.max_score[c], scores[c]);
+      float* row_scores = scores + r * heads;
+      float* row_max = s.max_score.data() + r * heads;
+      if (d == 4 * kLanes) {
+        head_scores<4>(s.rows[r].q, heads, key, scale, row_scores, row_max);
+      } else if (d == 8 * kLanes) {
+        head_scores<8>(s.rows[r].q, heads, key, scale, row_scores, row_max);
+      } else {
+        for (int64_t h = 0; h < heads; ++h) {
+          row_scores[h] = dot(s.rows[r].q + h * d, key, d) * scale;
+          row_max[h] = std::max(row_max[h], row_scores[h]);
+        }
       }
     }
   }
   for (int64_t p = 0; p < n_max; ++p) {
     float* scores = s.scores.data() + p * cols;
+    // exp over the whole key row, 16 columns at a time (entries of rows with
+    // fewer keys are computed and never read).
+    for (int64_t c = 0; c < cols; c += kLanes) {
+      const int64_t len = std::min(kLanes, cols - c);
+      vstore_tail(scores + c, vexp(vsub(vload_tail(scores + c, len), vload_tail(s.max_score.data() + c, len))), len);
+    }
     for (int64_t r = 0; r < num_rows; ++r) {
       if (p >= s.rows[r].n) continue;
-      for (int64_t c = r * heads; c < (r + 1) * heads; ++c) {
-        scores[c] = std::exp(scores[c] - s.max_score[c]);
-        s.denom[c] += scores[c];
-      }
+      for (int64_t c = r * heads; c < (r + 1) * heads; ++c) s.denom[c] += scores[c];
     }
   }
   for (const QueryRow& row : s.rows) std::fill(row.out, row.out + heads * d, 0.0f);

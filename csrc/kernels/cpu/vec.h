@@ -4,6 +4,7 @@
 // the same horizontal sum. That is what makes results batch invariant.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -49,6 +50,34 @@ inline void vpin(Vec& v) {
   __asm__("" : "+v"(v));
 #endif
 }
+inline Vec vbroadcast(float x) { return _mm512_set1_ps(x); }
+inline void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+inline void vstore_tail(float* p, Vec v, int64_t n) { _mm512_mask_storeu_ps(p, tail_mask(n), v); }
+inline Vec vsub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
+inline Vec vneg(Vec a) { return _mm512_sub_ps(_mm512_setzero_ps(), a); }
+inline Vec vdiv(Vec a, Vec b) { return _mm512_div_ps(a, b); }
+inline Vec vmul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+inline Vec vadd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+// e^x per lane: x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two parts so
+// n ln2 is exact), e^r by its degree-7 Taylor polynomial (truncation 5e-9
+// relative), times 2^n. Within a few ulp of expf; +inf above 88.7, 0 far
+// below -87; NaN stays NaN (max/min return their second operand on NaN).
+inline Vec vexp(Vec x) {
+  x = _mm512_min_ps(_mm512_set1_ps(89.0f), _mm512_max_ps(_mm512_set1_ps(-104.0f), x));
+  const Vec n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  Vec r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  Vec p = _mm512_set1_ps(1.0f / 5040.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
 #else
 struct Vec {
   float v[kLanes];
@@ -82,6 +111,24 @@ inline float vsum(Vec a) {
   return a.v[0];
 }
 inline void vpin(Vec&) {}
+inline Vec vbroadcast(float x) {
+  Vec r;
+  for (int64_t l = 0; l < kLanes; ++l) r.v[l] = x;
+  return r;
+}
+inline void vstore(float* p, Vec v) { std::memcpy(p, v.v, sizeof(v.v)); }
+inline void vstore_tail(float* p, Vec v, int64_t n) { std::memcpy(p, v.v, static_cast<size_t>(n) * sizeof(float)); }
+template <typename F>
+inline Vec lanewise(Vec a, Vec b, F f) {
+  for (int64_t i = 0; i < kLanes; ++i) a.v[i] = f(a.v[i], b.v[i]);
+  return a;
+}
+inline Vec vsub(Vec a, Vec b) { return lanewise(a, b, [](float x, float y) { return x - y; }); }
+inline Vec vneg(Vec a) { return lanewise(a, a, [](float x, float) { return -x; }); }
+inline Vec vdiv(Vec a, Vec b) { return lanewise(a, b, [](float x, float y) { return x / y; }); }
+inline Vec vmul(Vec a, Vec b) { return lanewise(a, b, [](float x, float y) { return x * y; }); }
+inline Vec vadd(Vec a, Vec b) { return lanewise(a, b, [](float x, float y) { return x + y; }); }
+inline Vec vexp(Vec a) { return lanewise(a, a, [](float x, float) { return std::exp(x); }); }
 #endif
 
 /// Dot product of two length-n vectors with the canonical reduction order.
