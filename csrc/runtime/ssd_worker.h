@@ -74,7 +74,6 @@ struct DraftWorkerStats {
   double tree_seconds = 0.0;     ///< fork-point forward + tree decode, summed over rounds
   double fallback_seconds = 0.0;
   int64_t fallback_batches = 0;
-  double neural_step_seconds = 0.0;  ///< one single-row draft step (EMA)
   int64_t fanout_budget = 0;
   std::vector<int64_t> fanout;
   double acceptance_estimate = 0.0;
