@@ -3,6 +3,7 @@
 // std::invalid_argument surfaces as ValueError.
 #include <torch/extension.h>
 
+#include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
 #include "../kernels/cpu/linear.h"
@@ -68,6 +69,7 @@ EngineConfig engine_config_from(const py::dict& d) {
   get(d, "draft_threads", c.draft_threads);
   get(d, "k", c.k);
   get(d, "fanout_list", c.fanout_list);
+  get(d, "fanout_mode", c.fanout_mode);
   get(d, "fanout_budget", c.fanout_budget);
   get(d, "saguaro_c", c.saguaro_c);
   get(d, "fallback", c.fallback);
@@ -223,6 +225,38 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("geometric_fanout", &runtime::geometric_fanout, py::arg("k"), py::arg("budget"),
         py::arg("acceptance"), py::arg("miss_exponent"));
+  m.def(
+      "confidence_branches",
+      [](const std::vector<double>& proposed, const std::vector<std::vector<float>>& candidates, int64_t budget,
+         const std::function<double(double)>& acceptance) {
+        if (proposed.size() != candidates.size() || proposed.empty())
+          throw std::invalid_argument("confidence_branches: one proposed probability and one candidate list "
+                                      "per fork point (K + 1 of each)");
+        std::vector<runtime::ForkPoint> forks(proposed.size());
+        for (size_t j = 0; j < forks.size(); ++j) forks[j] = {proposed[j], candidates[j]};
+        return runtime::confidence_branches(forks, budget, acceptance);
+      },
+      py::arg("proposed"), py::arg("candidates"), py::arg("budget"), py::arg("acceptance"),
+      "The budget's (fork point, candidate index) pairs most likely to be the outcome, best first.");
+  m.def(
+      "calibrated_acceptance",
+      [](const std::vector<std::pair<double, bool>>& observed, const std::vector<double>& query) {
+        runtime::FanoutPlanner planner(1, {}, 1, 1);
+        for (const auto& [p, accepted] : observed) planner.observe_proposal(p, accepted);
+        std::vector<double> out;
+        for (double p : query) out.push_back(planner.proposal_acceptance(p));
+        return out;
+      },
+      py::arg("observed"), py::arg("query"),
+      "The confidence fan-out's acceptance estimates at `query` after (probability, accepted) observations.");
+  m.def(
+      "sum_exp",
+      [](const at::Tensor& x, double shift) {
+        TORCH_CHECK(x.dim() == 1 && x.scalar_type() == at::kFloat, "x must be a 1-D float32 tensor");
+        const at::Tensor c = x.contiguous();
+        return kernels::sum_exp(c.data_ptr<float>(), c.numel(), static_cast<float>(shift));
+      },
+      py::arg("x"), py::arg("shift"), "sum(exp(x - shift)), the draft's softmax normalizer.");
   m.def("ngram_propose", &runtime::ngram_propose, py::arg("tokens"), py::arg("k"), py::arg("max_n") = 3);
   m.def("proposal_emitted", &runtime::proposal_emitted, py::arg("text"), py::arg("at"), py::arg("proposal"));
   m.def("validate_model_config", [](const py::dict& d) { model_config_from(d); });

@@ -91,6 +91,8 @@ void EngineConfig::validate() const {
     }
     if (sum < 1) bad("fanout", "the fan-out must prepare at least one branch (sum F_j >= 1)");
   }
+  if (fanout_mode != "geometric" && fanout_mode != "confidence")
+    bad("fanout", "must be 'geometric', 'confidence' or a list of k + 1 integers, got '" + fanout_mode + "'");
   if (fanout_budget < 0 || fanout_budget > 1024)
     bad("fanout_budget", "must be 'auto' (0) or an integer in [1, 1024], got " + std::to_string(fanout_budget));
   if (!fanout_list.empty() && fanout_budget != 0)

@@ -30,6 +30,37 @@ std::vector<int64_t> geometric_fanout(int64_t k, int64_t budget, double acceptan
   return f;
 }
 
+std::vector<std::pair<int64_t, int64_t>> confidence_branches(const std::vector<ForkPoint>& forks, int64_t budget,
+                                                             const std::function<double(double)>& acceptance) {
+  struct Value {
+    double v;
+    int64_t j, c;
+  };
+  std::vector<Value> values;
+  const auto K = static_cast<int64_t>(forks.size()) - 1;
+  double reach = 1.0;  // P(the first j proposals are accepted)
+  for (int64_t j = 0; j <= K; ++j) {
+    const ForkPoint& f = forks[static_cast<size_t>(j)];
+    const double a = j < K ? std::clamp(acceptance(f.proposed_prob), 0.0, 1.0) : 0.0;
+    const double here = reach * (1.0 - a);
+    const double rest = j < K ? std::max(1e-9, 1.0 - f.proposed_prob) : 1.0;
+    for (size_t c = 0; c < f.candidates.size(); ++c)
+      values.push_back({here * std::min(1.0, static_cast<double>(f.candidates[c]) / rest), j,
+                        static_cast<int64_t>(c)});
+    reach *= a;
+  }
+  const auto n = std::min<size_t>(values.size(), static_cast<size_t>(std::max<int64_t>(budget, 0)));
+  std::partial_sort(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(n), values.end(),
+                    [](const Value& l, const Value& r) {
+                      if (l.v != r.v) return l.v > r.v;
+                      return l.j != r.j ? l.j < r.j : l.c < r.c;
+                    });
+  std::vector<std::pair<int64_t, int64_t>> out;
+  out.reserve(n);
+  for (size_t i = 0; i < n; ++i) out.emplace_back(values[i].j, values[i].c);
+  return out;
+}
+
 FanoutPlanner::FanoutPlanner(int64_t k, std::vector<int64_t> fixed, int64_t budget, int64_t max_budget)
     : k_(k),
       fixed_(std::move(fixed)),
@@ -64,6 +95,20 @@ void FanoutPlanner::observe_outcome(int64_t accepted, int64_t proposed, int64_t 
   }
   const double var = n * sxx - sx * sx;
   if (n >= 2 && var > 1e-9) miss_exponent_ = std::clamp(-(n * sxy - sx * sy) / var, 0.1, 4.0);
+}
+
+void FanoutPlanner::observe_proposal(double prob, bool accepted) {
+  constexpr double kForget = 0.998;
+  const int b = std::clamp(static_cast<int>(prob * kBins), 0, kBins - 1);
+  bin_accepted_[b] = bin_accepted_[b] * kForget + (accepted ? 1.0 : 0.0);
+  bin_seen_[b] = bin_seen_[b] * kForget + 1.0;
+  ++proposals_;
+}
+
+double FanoutPlanner::proposal_acceptance(double prob) const {
+  constexpr double kPrior = 2.0;
+  const int b = std::clamp(static_cast<int>(prob * kBins), 0, kBins - 1);
+  return (bin_accepted_[b] + kPrior * acceptance()) / (bin_seen_[b] + kPrior);
 }
 
 void FanoutPlanner::observe_tree_step(int64_t rows, double seconds) {

@@ -10,12 +10,32 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <utility>
 #include <vector>
 
 namespace ssd::runtime {
 
 /// The integer fan-out for budget `budget` (sum <= budget), K + 1 entries.
 std::vector<int64_t> geometric_fanout(int64_t k, int64_t budget, double acceptance, double miss_exponent);
+
+/// One fork point of a speculation as the draft saw it: its probability of the
+/// token it proposed there (fork points 0..K-1) and the ranked probabilities of
+/// the other candidate bonus tokens.
+struct ForkPoint {
+  double proposed_prob = 0.0;
+  std::vector<float> candidates;
+};
+
+/// Confidence-ranked branches: the `budget` (fork point j, candidate index)
+/// pairs most likely to be the verification outcome, P(accept j) * P(bonus |
+/// j). P(accept j) = prod_{i<j} a_i * (1 - a_j) (a_K = 0 past the last
+/// proposal), a_i = acceptance(proposed_prob_i); P(bonus = c | j) =
+/// p_c / (1 - proposed_prob_j) for j < K and p_c at K (the target's token
+/// differs from the rejected proposal). Ties: lower j, then lower index first.
+/// Sorted by value, best first.
+std::vector<std::pair<int64_t, int64_t>> confidence_branches(const std::vector<ForkPoint>& forks, int64_t budget,
+                                                             const std::function<double(double)>& acceptance);
 
 class FanoutPlanner {
  public:
@@ -26,6 +46,15 @@ class FanoutPlanner {
   /// rank (1-based) of the bonus among the candidate list at the fork point,
   /// or 0 when it was not among the `listed` ranked candidates.
   void observe_outcome(int64_t accepted, int64_t proposed, int64_t rank, int64_t listed);
+  /// Records whether a greedy proposal the draft gave probability `prob` was accepted.
+  void observe_proposal(double prob, bool accepted);
+  /// Calibrated chance that a greedy proposal of draft probability `prob` is
+  /// accepted: per probability decile, accepted / seen with forgetting, and a
+  /// prior of the overall acceptance rate worth two proposals.
+  double proposal_acceptance(double prob) const;
+  /// Greedy proposals observed so far (the calibration is trusted from kCalibrated on).
+  int64_t proposals_observed() const { return proposals_; }
+  static constexpr int64_t kCalibrated = 32;
   /// Records one tree step over `rows` branches that took `seconds`, and the
   /// per-round fork-point forward time.
   void observe_tree_step(int64_t rows, double seconds);
@@ -48,6 +77,9 @@ class FanoutPlanner {
   double accepted_ = 0.0, proposed_ = 0.0;
   std::vector<double> rank_counts_;  // [max_budget + 2]: index r = rank r, 0 = not listed
   double miss_exponent_ = 1.0;
+  static constexpr int kBins = 10;
+  double bin_accepted_[kBins] = {}, bin_seen_[kBins] = {};
+  int64_t proposals_ = 0;
   // Exponentially weighted least squares of tree step time against rows.
   double s1_ = 0, sx_ = 0, sy_ = 0, sxx_ = 0, sxy_ = 0;
   double fork_s_ = 0, verify_s_ = 0, tree_s_ = 0;

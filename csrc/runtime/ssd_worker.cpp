@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "../kernels/cpu/kv_commit.h"
+#include "../kernels/cpu/ops.h"
 #include "draft_sampling.h"
 #include "ngram.h"
 
@@ -36,6 +37,36 @@ std::vector<int32_t> top_tokens(const float* logits, int64_t vocab, int64_t m) {
   return best;
 }
 
+}  // namespace
+
+/// A fork point's best draft tokens, ranked, with their probabilities under
+/// the draft's distribution at temperature 1 (filled when asked for: the
+/// confidence-ranked fan-out reads them).
+struct DraftWorker::Ranked {
+  std::vector<int32_t> tokens;
+  std::vector<float> probs;
+
+  bool empty() const { return tokens.empty(); }
+  /// The probability of token t (0 when it is not listed or no probabilities were kept).
+  double prob_of(int32_t t) const {
+    for (size_t i = 0; i < tokens.size() && i < probs.size(); ++i)
+      if (tokens[i] == t) return probs[i];
+    return 0.0;
+  }
+  static Ranked of(const float* logits, int64_t vocab, int64_t m, bool with_probs) {
+    Ranked r;
+    r.tokens = top_tokens(logits, vocab, m);
+    if (with_probs && !r.tokens.empty()) {
+      const float top = logits[r.tokens[0]];
+      const double total = kernels::sum_exp(logits, vocab, top);
+      for (int32_t t : r.tokens) r.probs.push_back(static_cast<float>(std::exp(logits[t] - top) / total));
+    }
+    return r;
+  }
+};
+
+namespace {
+
 int64_t max_budget(const EngineConfig& c) {
   if (!c.fanout_list.empty()) {
     int64_t s = 0;
@@ -60,7 +91,7 @@ struct DraftWorker::Seq {
   struct Entry {
     std::vector<int32_t> tokens;
     std::vector<float> q;
-    std::vector<std::vector<int32_t>> ranked;
+    std::vector<Ranked> ranked;
     size_t branch = 0;
   };
 
@@ -72,7 +103,7 @@ struct DraftWorker::Seq {
   model::BlockTable table;      // draft KV along tokens, then the outstanding speculation
   int64_t computed = 0;
   std::vector<int32_t> spec;    // the outstanding speculation; empty when none
-  std::vector<std::vector<int32_t>> ranked;  // [K + 1] ranked draft tokens per fork point
+  std::vector<Ranked> ranked;   // [K + 1] ranked draft tokens per fork point
   SpecSource source = SpecSource::kStart;
   bool treed = false;
   // The n-gram proposals the fast kind would have made (at tokens.size() ==
@@ -92,15 +123,16 @@ struct DraftWorker::Path {
   int64_t rank_from = 0;       // score only: fed positions >= rank_from get ranked lists
   std::vector<int32_t> out;
   std::vector<float> q;        // [steps, vocab]
-  std::vector<std::vector<int32_t>> ranked;      // per sampled token: its row's ranking
-  std::vector<std::vector<int32_t>> fed_ranked;  // score only: per fed position >= rank_from
+  std::vector<Ranked> ranked;      // per sampled token: its row's ranking
+  std::vector<Ranked> fed_ranked;  // score only: per fed position >= rank_from
 };
 
 DraftWorker::DraftWorker(const EngineConfig& config, std::shared_ptr<model::Model> draft)
     : config_(config),
       model_(std::move(draft)),
       vocab_(model_->config().vocab_size),
-      planner_(config.k, config.fanout_list, config.fanout_budget, max_budget(config)) {
+      planner_(config.k, config.fanout_list, config.fanout_budget, max_budget(config)),
+      confidence_(config.fanout_list.empty() && config.fanout_mode == "confidence") {
   const int64_t bs = config_.kv_block_size;
   const int64_t per_branch = 1 + (config_.k + bs - 1) / bs;
   // Room for a full tree of every sequence: each branch copies its prefix's
@@ -279,7 +311,7 @@ void DraftWorker::handle(std::vector<SpecMessage>& messages) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.starts += static_cast<int64_t>(starts.size());
-    stats_.fanout = fanout_;
+    if (!confidence_) stats_.fanout = fanout_;
     stats_.fanout_budget = planner_.budget();
     stats_.acceptance_estimate = planner_.acceptance();
     stats_.miss_exponent = planner_.miss_exponent();
@@ -305,7 +337,7 @@ void DraftWorker::outcome(Seq& s, const SpecMessage& m, std::vector<Seq*>& misse
   // Where the bonus ranked among this fork point's candidates.
   if (k < static_cast<int64_t>(s.ranked.size()) && !s.ranked[k].empty()) {
     int64_t rank = 0, listed = 0;
-    for (int32_t t : s.ranked[k]) {
+    for (int32_t t : s.ranked[k].tokens) {
       if (k < K && k < static_cast<int64_t>(s.spec.size()) && t == s.spec[k]) continue;
       ++listed;
       if (t == m.bonus && rank == 0) rank = listed;
@@ -313,6 +345,16 @@ void DraftWorker::outcome(Seq& s, const SpecMessage& m, std::vector<Seq*>& misse
     planner_.observe_outcome(k, m.proposed, rank, listed);
   } else {
     planner_.observe_outcome(k, m.proposed, 0, 0);
+  }
+  // Calibration of the confidence-ranked fan-out: greedy proposals verified
+  // this round (the first k accepted, the next one rejected), by the draft's
+  // probability of them.
+  if (confidence_ && s.params.temperature == 0.0) {
+    const int64_t last = std::min<int64_t>({k, K - 1, static_cast<int64_t>(s.spec.size()) - 1});
+    for (int64_t i = 0; i <= last; ++i) {
+      if (i >= static_cast<int64_t>(s.ranked.size()) || s.ranked[i].probs.empty()) break;
+      planner_.observe_proposal(s.ranked[i].prob_of(s.spec[i]), i < k);
+    }
   }
   // Fallback speed-model inputs: tokens per round by where the speculation came from.
   const double emitted = static_cast<double>(k + 1);
@@ -465,7 +507,7 @@ void DraftWorker::build_trees(std::vector<Seq*>& seqs) {
   // 1. The draft distributions at the fork points not known yet (at least
   //    position K, after the last proposal).
   // Without branches at K (F_K = 0) the last proposal need not be fed yet.
-  const int64_t fork_end = fanout_[K] > 0 ? K : K - 1;
+  const int64_t fork_end = fanout_[K] > 0 || confidence_ ? K : K - 1;
   std::vector<Path> score;
   for (Seq* s : seqs) {
     const auto L = static_cast<int64_t>(s->tokens.size());
@@ -492,28 +534,56 @@ void DraftWorker::build_trees(std::vector<Seq*>& seqs) {
   }
   const double fork_s = since(t0);
 
-  // 2. Candidates: top-F_j at fork point j, skipping the drafted token there.
+  // 2. Candidates: top-F_j at fork point j, skipping the drafted token there;
+  //    for greedy sequences under the confidence policy, the budget's most
+  //    likely outcomes over all fork points instead.
+  realized_.assign(static_cast<size_t>(K + 1), 0);
   for (Seq* s : seqs) {
     const auto L = static_cast<int64_t>(s->tokens.size());
-    for (int64_t j = 0; j <= K; ++j) {
-      int64_t taken = 0;
-      for (int32_t c : s->ranked[j]) {
-        if (taken >= fanout_[j]) break;
-        if (j < K && c == s->spec[j]) continue;
-        ++taken;
-        const int64_t P = L + j;
-        Seq::Branch b;
-        b.j = j;
-        b.c = c;
-        b.shared = P / bs;
-        b.table.blocks.assign(s->table.blocks.begin(), s->table.blocks.begin() + b.shared);
-        if (!cache_->reserve(b.table, P + K)) {
-          cache_->truncate(b.table, b.shared * bs);
-          goto planned;  // out of tree blocks: the tree stays partial
+    std::vector<std::pair<int64_t, int32_t>> picks;  // (j, candidate)
+    // Until enough greedy proposals calibrate it, the geometric plan.
+    if (confidence_ && s->params.temperature == 0.0 && planner_.proposals_observed() >= FanoutPlanner::kCalibrated) {
+      std::vector<ForkPoint> forks(static_cast<size_t>(K + 1));
+      std::vector<std::vector<int32_t>> tokens(static_cast<size_t>(K + 1));
+      for (int64_t j = 0; j <= K; ++j) {
+        const Ranked& r = s->ranked[j];
+        for (size_t i = 0; i < r.tokens.size() && i < r.probs.size(); ++i) {
+          if (j < K && r.tokens[i] == s->spec[j]) {
+            forks[j].proposed_prob = r.probs[i];
+            continue;
+          }
+          forks[j].candidates.push_back(r.probs[i]);
+          tokens[j].push_back(r.tokens[i]);
         }
-        if (P % bs != 0) copy_slots(s->table, b.table, b.shared * bs, P);
-        s->branches.push_back(std::move(b));
       }
+      const auto chosen = confidence_branches(forks, planner_.budget(),
+                                              [this](double p) { return planner_.proposal_acceptance(p); });
+      for (const auto& [j, c] : chosen) picks.emplace_back(j, tokens[j][c]);
+    } else {
+      for (int64_t j = 0; j <= K; ++j) {
+        int64_t taken = 0;
+        for (int32_t c : s->ranked[j].tokens) {
+          if (taken >= fanout_[j]) break;
+          if (j < K && c == s->spec[j]) continue;
+          ++taken;
+          picks.emplace_back(j, c);
+        }
+      }
+    }
+    for (const auto& [j, c] : picks) {
+      const int64_t P = L + j;
+      Seq::Branch b;
+      b.j = j;
+      b.c = c;
+      b.shared = P / bs;
+      b.table.blocks.assign(s->table.blocks.begin(), s->table.blocks.begin() + b.shared);
+      if (!cache_->reserve(b.table, P + K)) {
+        cache_->truncate(b.table, b.shared * bs);
+        goto planned;  // out of tree blocks: the tree stays partial
+      }
+      if (P % bs != 0) copy_slots(s->table, b.table, b.shared * bs, P);
+      s->branches.push_back(std::move(b));
+      realized_[j] += 1;
     }
   }
 planned:
@@ -548,6 +618,7 @@ planned:
   planner_.observe_round(fork_s, tree_s, last_verify_s_ > 0 ? last_verify_s_ : round_s);
   if (last_verify_s_ > 0) tp_ = 0.8 * tp_ + 0.2 * round_s / last_verify_s_;
   std::lock_guard<std::mutex> lock(mu_);
+  if (confidence_) stats_.fanout = realized_;
   stats_.tree_rounds += 1;
   stats_.tree_branches += static_cast<int64_t>(paths.size());
   stats_.tree_seconds += round_s;
@@ -556,7 +627,10 @@ planned:
 void DraftWorker::decode_paths(std::vector<Path>& paths, const std::vector<int64_t>& fanout, bool tree,
                                bool branches) {
   if (paths.empty()) return;
-  const int64_t m = std::max<int64_t>(2, *std::max_element(fanout.begin(), fanout.end()) + 1);
+  // Ranked lists long enough for every candidate a branch may take, plus the proposal.
+  int64_t m = std::max<int64_t>(2, *std::max_element(fanout.begin(), fanout.end()) + 1);
+  const bool probs = confidence_;
+  if (probs) m = std::max(m, std::min<int64_t>(planner_.budget(), kMaxConfidenceRank) + 1);
   int64_t forwards = 1;
   for (const Path& p : paths) forwards = std::max(forwards, p.steps);
   for (Path& p : paths) {
@@ -611,7 +685,7 @@ void DraftWorker::decode_paths(std::vector<Path>& paths, const std::vector<int64
       const int64_t r0 = first_row[a];
       const int64_t r1 = a + 1 < active.size() ? first_row[a + 1] : static_cast<int64_t>(in.logit_rows.size());
       if (p->steps == 0) {
-        for (int64_t r = r0; r < r1; ++r) p->fed_ranked.push_back(top_tokens(rows + r * vocab_, vocab_, m));
+        for (int64_t r = r0; r < r1; ++r) p->fed_ranked.push_back(Ranked::of(rows + r * vocab_, vocab_, m, probs));
         continue;
       }
       sampling.push_back(p);
@@ -634,7 +708,7 @@ void DraftWorker::decode_paths(std::vector<Path>& paths, const std::vector<int64
         p->out.push_back(static_cast<int32_t>(draw.tokens[r]));
         std::copy(draw.probs.begin() + r * vocab_, draw.probs.begin() + (r + 1) * vocab_,
                   p->q.begin() + step * vocab_);
-        p->ranked[step] = top_tokens(z.data() + r * vocab_, vocab_, m);
+        p->ranked[step] = Ranked::of(z.data() + r * vocab_, vocab_, m, probs);
       }
       if (branches) planner_.observe_tree_step(n, since(t0));
     }

@@ -27,8 +27,11 @@ class EngineConfig:
     "float32" or "bfloat16" (activations and the KV cache are float32).
 
     Speculative modes: k draft tokens per round. ssd (SAGUARO): fanout is
-    "geometric" (F_0..F_K from online estimates of the acceptance rate and
-    the miss exponent) or an explicit list of k + 1 counts; fanout_budget is
+    "confidence" (a greedy sequence's tree holds the B outcomes most likely
+    by the draft's probabilities, its acceptance calibrated online per
+    probability decile; sampled sequences use "geometric"), "geometric"
+    (F_0..F_K from online estimates of the acceptance rate and the miss
+    exponent) or an explicit list of k + 1 counts; fanout_budget is
     B = sum F_j, "auto" (sized so the draft's tree fits inside one verify
     forward, from measured times) or an integer; saguaro_c is the C of
     SAGUARO sampling (1.0: plain sampling); fallback on a cache miss is
@@ -52,7 +55,7 @@ class EngineConfig:
     draft_device: str = "cpu"
     draft_threads: int = 1
     k: int = 4
-    fanout: str | list[int] = "geometric"
+    fanout: str | list[int] = "confidence"
     fanout_budget: str | int = "auto"
     saguaro_c: float = 1.0
     fallback: str = "auto"
@@ -61,13 +64,15 @@ class EngineConfig:
 
     def __post_init__(self):
         if isinstance(self.fanout, str):
-            if self.fanout != "geometric":
-                raise ValueError(f"fanout: must be 'geometric' or a list of k + 1 integers, got {self.fanout!r}")
+            if self.fanout not in ("geometric", "confidence"):
+                raise ValueError("fanout: must be 'geometric', 'confidence' or a list of k + 1 integers, "
+                                 f"got {self.fanout!r}")
         elif isinstance(self.fanout, (list, tuple)) and all(
                 isinstance(f, int) and not isinstance(f, bool) for f in self.fanout):
             self.fanout = list(self.fanout)
         else:
-            raise ValueError(f"fanout: must be 'geometric' or a list of k + 1 integers, got {self.fanout!r}")
+            raise ValueError("fanout: must be 'geometric', 'confidence' or a list of k + 1 integers, "
+                             f"got {self.fanout!r}")
         if self.fanout_budget != "auto" and (not isinstance(self.fanout_budget, int)
                                              or isinstance(self.fanout_budget, bool) or self.fanout_budget < 1):
             raise ValueError(f"fanout_budget: must be 'auto' or an integer >= 1, got {self.fanout_budget!r}")
@@ -87,7 +92,8 @@ class EngineConfig:
         """The fields as the C++ core reads them."""
         d = dataclasses.asdict(self)
         fanout = d.pop("fanout")
-        d["fanout_list"] = [] if fanout == "geometric" else fanout
+        d["fanout_list"] = [] if isinstance(fanout, str) else fanout
+        d["fanout_mode"] = fanout if isinstance(fanout, str) else "geometric"
         d["fanout_budget"] = 0 if d["fanout_budget"] == "auto" else d["fanout_budget"]
         d["saguaro_c"] = float(d["saguaro_c"])
         return d

@@ -26,10 +26,12 @@ def ar_greedy(pair):
 
 
 @pytest.mark.parametrize("max_batch", [1, 8])
-@pytest.mark.parametrize("variant", ["neural", "fast", "always_miss", "auto"])
+@pytest.mark.parametrize("variant", ["neural", "fast", "always_miss", "auto", "geometric"])
 def test_greedy_equals_ar(pair, ar_greedy, max_batch, variant):
     target, draft = pair
     kwargs = {"always_miss": True, "fallback": "neural"} if variant == "always_miss" else {"fallback": variant}
+    if variant == "geometric":  # the default fan-out is "confidence"
+        kwargs = {"fanout": "geometric"}
     with LLM(target, draft=draft, mode="ssd", k=3, max_model_len=256, max_batch=max_batch, **kwargs) as ssd:
         got = [o.token_ids for o in ssd.generate(prompts_32(), greedy(64))]
         stats = ssd.stats()
@@ -190,7 +192,7 @@ def test_ssd_config_errors(pair, small_pair):
            ({"k": 2, "fanout": [1, 2]}, "fanout: an explicit fan-out lists F_0..F_K, so k \\+ 1 = 3"),
            ({"fanout": [0, 0, 0, 0, 0]}, "at least one branch"),
            ({"fanout": [1, -1, 1, 1, 1]}, r"every F_j must be in \[0, 256\]"),
-           ({"fanout": "wide"}, "fanout: must be 'geometric' or a list"),
+           ({"fanout": "wide"}, "fanout: must be 'geometric', 'confidence' or a list"),
            ({"fanout_budget": 0}, "fanout_budget: must be 'auto' or an integer >= 1"),
            ({"fanout_budget": "big"}, "fanout_budget: must be 'auto'"),
            ({"saguaro_c": 1.5}, r"saguaro_c: must be in \[0, 1\]"),

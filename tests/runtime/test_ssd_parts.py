@@ -75,3 +75,91 @@ def test_speed_model_formula():
     fast_draft = _C.speed_metrics({**counters, "draft_round_seconds": 0.5})  # T_p < 1 costs nothing extra
     assert fast_draft["predicted_speedup"] == pytest.approx((0.6 * 4 + 0.4 * 2) / (0.6 * 1.0 + 0.4 * 1.5))
     assert _C.speed_metrics({})["predicted_speedup"] == 0.0
+
+
+def _outcome_probabilities(proposed, candidates, acceptance):
+    """P(outcome = (j, candidate c)) under the confidence model, written out per outcome."""
+    k = len(proposed) - 1
+    out = {}
+    for j in range(k + 1):
+        p_len = math.prod(acceptance(proposed[i]) for i in range(j))
+        if j < k:
+            p_len *= 1 - acceptance(proposed[j])
+        for c, p in enumerate(candidates[j]):
+            out[(j, c)] = p_len * (min(1.0, p / (1 - proposed[j])) if j < k else p)
+    return out
+
+
+def _random_forks(rng, k, listed):
+    proposed, candidates = [], []
+    for j in range(k + 1):
+        raw = sorted((rng.random() ** 3 for _ in range(listed + 2)), reverse=True)
+        total = sum(raw) * (1 + rng.random())  # leave mass for unlisted tokens
+        probs = [x / total for x in raw]
+        proposed.append(probs[0] if j < k else 0.0)
+        candidates.append(probs[1:listed + 1] if j < k else probs[:listed])
+    return proposed, candidates
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_confidence_branches_take_the_most_likely_outcomes(seed):
+    import itertools
+    import random
+
+    rng = random.Random(seed)
+    k, listed = 3, 5
+
+    def acceptance(p):
+        return 0.2 + 0.7 * p
+
+    proposed, candidates = _random_forks(rng, k, listed)
+    values = _outcome_probabilities(proposed, candidates, acceptance)
+    for budget in (1, 3, 6, 10):
+        got = _C.confidence_branches(proposed, candidates, budget, acceptance)
+        want = sorted(values, key=lambda o: (-values[o], o))[:budget]
+        assert [tuple(x) for x in got] == want
+        # No split of the budget into per-fork-point top-F_j (the geometric kind) holds more.
+        best_static = max(sum(values[(j, c)] for j in range(k + 1) for c in range(f[j]))
+                          for f in itertools.product(range(listed + 1), repeat=k + 1) if sum(f) == budget)
+        assert sum(values[tuple(x)] for x in got) >= best_static - 1e-12
+
+
+def test_confidence_branch_values_are_outcome_probabilities():
+    """Monte Carlo of the verification the values model: each proposal accepted with its
+    acceptance, a rejected one's bonus drawn from the draft's other tokens, the bonus after the
+    last proposal from the draft's distribution. The chosen branches hit as often as their values say."""
+    import random
+
+    rng = random.Random(7)
+    k, listed, budget, n = 4, 4, 6, 40000
+
+    def acceptance(p):
+        return 0.1 + 0.85 * p
+
+    proposed, candidates = _random_forks(rng, k, listed)
+    chosen = {tuple(x) for x in _C.confidence_branches(proposed, candidates, budget, acceptance)}
+    predicted = sum(_outcome_probabilities(proposed, candidates, acceptance)[o] for o in chosen)
+    hits = 0
+    for _ in range(n):
+        j = 0
+        while j < k and rng.random() < acceptance(proposed[j]):
+            j += 1
+        rest = 1 - proposed[j] if j < k else 1.0
+        u, c = rng.random() * rest, None
+        for i, p in enumerate(candidates[j]):
+            u -= p
+            if u < 0:
+                c = i
+                break
+        hits += (j, c) in chosen
+    sigma = math.sqrt(predicted * (1 - predicted) / n)
+    assert abs(hits / n - predicted) < 4 * sigma
+
+
+def test_calibrated_acceptance_tracks_each_probability_decile():
+    # Proposals the draft gave 0.35 are accepted 4 times in 5, those it gave 0.95 once in 5.
+    observed = [(0.35, i % 5 != 0) for i in range(1000)] + [(0.95, i % 5 == 0) for i in range(1000)]
+    low, high, unseen = _C.calibrated_acceptance(observed, [0.31, 0.99, 0.6])
+    assert low == pytest.approx(0.8, abs=0.02)
+    assert high == pytest.approx(0.2, abs=0.02)
+    assert unseen == pytest.approx(0.7)  # no outcomes yet: the overall prior

@@ -77,7 +77,11 @@ struct EngineConfig {
   int64_t draft_threads = 1;
   int64_t k = 4;                       ///< draft tokens per round (sd / ssd)
   // ssd / SAGUARO
-  std::vector<int64_t> fanout_list;    ///< explicit F_0..F_K; empty: geometric fan-out
+  std::vector<int64_t> fanout_list;    ///< explicit F_0..F_K; empty: fanout_mode decides
+  /// Without a list: "geometric" (SAGUARO's F_j for every sequence) or
+  /// "confidence" (greedy sequences take the budget's most likely outcomes by
+  /// the draft's calibrated confidence; sampled ones stay geometric).
+  std::string fanout_mode = "confidence";
   int64_t fanout_budget = 0;           ///< B = sum F_j; 0: auto (the tree fits in one verify)
   double saguaro_c = 1.0;              ///< C of SAGUARO sampling (1: plain sampling)
   std::string fallback = "auto";       ///< on a cache miss: "auto", "neural" or "fast"

@@ -22,6 +22,10 @@ void rope(float* x, int64_t ld, int64_t tokens, int64_t heads, int64_t head_dim,
 /// out[r, i] = silu(gu[r, i]) * gu[r, n + i]; gu: [rows, 2n], out: [rows, n].
 void silu_mul(const float* gu, float* out, int64_t rows, int64_t n);
 
+/// sum_i exp(x[i] - shift) over n values (a softmax normalizer; shift is
+/// usually the maximum, so no term overflows).
+double sum_exp(const float* x, int64_t n, float shift);
+
 /// Geometry and storage of one layer of a paged KV cache:
 /// cache[block, slot, kv_head, head_dim] for K and V separately.
 struct PagedKv {

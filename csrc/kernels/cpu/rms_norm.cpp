@@ -32,4 +32,24 @@ void silu_mul(const float* gu, float* out, int64_t rows, int64_t n) {
   }
 }
 
+double sum_exp(const float* x, int64_t n, float shift) {
+  // Lane partial sums in float, folded into a double per 16-lane block of
+  // 1024 values so long rows (a vocabulary) keep their precision.
+  double total = 0.0;
+  const Vec s = vbroadcast(shift);
+  for (int64_t b = 0; b < n; b += 1024) {
+    const int64_t end = std::min(n, b + 1024);
+    Vec acc = vzero();
+    int64_t i = b;
+    for (; i + kLanes <= end; i += kLanes) acc = vadd(acc, vexp(vsub(vload(x + i), s)));
+    total += vsum(acc);
+    if (i < end) {  // the masked tail: only its own lanes count
+      float lanes[kLanes];
+      vstore(lanes, vexp(vsub(vload_tail(x + i, end - i), s)));
+      for (int64_t l = 0; l < end - i; ++l) total += lanes[l];
+    }
+  }
+  return total;
+}
+
 }  // namespace ssd::kernels

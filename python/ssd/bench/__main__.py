@@ -19,7 +19,7 @@ def _list(kind):
 
 
 def _fanout(text: str):
-    return text if text == "geometric" else _list(int)(text)
+    return text if text in ("geometric", "confidence") else _list(int)(text)
 
 
 def _budget(text: str):
@@ -59,7 +59,9 @@ def parse_args(argv=None) -> tuple[BenchConfig, argparse.Namespace]:
     ap.add_argument("--temperature", type=_list(float), default=[0.0], help="e.g. 0,0.7,1.0")
     ap.add_argument("--modes", type=_list(str), default=list(MODES))
     ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--fanout", type=_fanout, default="geometric", help="'geometric' or F_0,..,F_K")
+    ap.add_argument("--fanout", type=_fanout, default="confidence",
+                    help="'confidence' (greedy sequences: the most likely outcomes by the draft's calibrated "
+                         "confidence), 'geometric' (SAGUARO's F_j) or F_0,..,F_K")
     ap.add_argument("--fanout-budget", type=_budget, default="auto")
     ap.add_argument("--saguaro-c", type=float, default=1.0)
     ap.add_argument("--fallback", default="auto", choices=["auto", "neural", "fast"])

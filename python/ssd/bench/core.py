@@ -35,7 +35,7 @@ class BenchConfig:
     temperatures: list[float] = field(default_factory=lambda: [0.0])
     modes: list[str] = field(default_factory=lambda: list(MODES))
     k: int = 4
-    fanout: str | list[int] = "geometric"
+    fanout: str | list[int] = "confidence"
     fanout_budget: str | int = "auto"
     saguaro_c: float = 1.0
     fallback: str = "auto"
