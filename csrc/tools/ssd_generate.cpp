@@ -38,7 +38,7 @@ constexpr const char* kUsage =
     "  --mode ar|sd|ssd       decoding mode (default ar; sd and ssd need --draft)\n"
     "  --draft DIR            draft model directory (modes sd, ssd)\n"
     "  --k N                  draft tokens per round (default 4)\n"
-    "  --fanout geometric|F0,..,FK  ssd fan-out (default geometric)\n"
+    "  --fanout confidence|geometric|F0,..,FK  ssd fan-out (default confidence)\n"
     "  --fanout-budget auto|B ssd fan-out budget (default auto)\n"
     "  --saguaro-c C          ssd SAGUARO sampling C in [0, 1] (default 1)\n"
     "  --fallback auto|neural|fast  ssd speculator on a cache miss (default auto)\n"
@@ -105,7 +105,9 @@ void apply_option(Options& o, const std::string& flag, const std::string& value)
     o.engine.k = parse_number<int64_t>(flag, value);
   } else if (flag == "--fanout") {
     o.engine.fanout_list.clear();
-    if (value != "geometric") {
+    if (value == "confidence" || value == "geometric") {
+      o.engine.fanout_mode = value;
+    } else {
       std::stringstream items(value);
       std::string item;
       while (std::getline(items, item, ',')) o.engine.fanout_list.push_back(parse_number<int64_t>(flag, item));
