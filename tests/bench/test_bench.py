@@ -193,3 +193,24 @@ def test_sweep_plot_is_a_png(tmp_path):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     # write_plots on a sweep writes the sweep plot (the per-mode plots would mix the pairs)
     assert [p.name for p in write_plots(result, tmp_path / "all")] == ["sweep_acceptance.png"]
+
+
+def test_speed_model_charges_the_fork_forward_when_it_runs():
+    from ssd.bench.core import predict
+
+    c = {"t_ar": 0.1, "t_verify": 0.12, "t_draft": 0.025, "t_fork": 0.015, "t_tree": 0.03}
+    run = {"mode": "ssd", "batch_size": 1, "cache_hit_rate": 0.5, "e_hit": 3.0, "e_miss": 2.0,
+           "counters": {"fallback_neural": 3, "fallback_fast": 1}, "fanout": [2, 1, 1, 1, 0]}
+    k = 4
+    t_b = 0.75 * k * 0.025 / 0.12
+    tokens = 0.5 * 3.0 + 0.5 * 2.0
+
+    def expected(fork):
+        t_p = (fork + k * 0.03) / 0.12
+        return tokens / (0.12 * (0.5 * max(1.0, t_p) + 0.5 * (1 + t_b)))
+
+    # A plan with F_K = 0 skips the fork forward over the last proposal ...
+    assert predict({**run, "fanout_policy": "geometric"}, c, k) == pytest.approx(expected(0.0))
+    # ... the confidence policy always runs it ("fanout" there counts the last tree's branches).
+    assert predict({**run, "fanout_policy": "confidence"}, c, k) == pytest.approx(expected(0.015))
+    assert expected(0.015) < expected(0.0)

@@ -153,6 +153,7 @@ def run_engine(target, draft, mode: str, prompts: list, cfg: BenchConfig, batch:
             "e2e_tok_per_s": tokens / wall_s, "ttft_s": statistics.mean(ttft),
             "mean_context": statistics.mean(contexts), "counters": counters,
             "fanout": after.get("fanout"), "fanout_budget": after.get("fanout_budget"),
+            "fanout_policy": (cfg.fanout if isinstance(cfg.fanout, str) else "list") if mode == "ssd" else None,
             "random_token_acceptance": after.get("random_token_acceptance", 0.0), "token_ids": token_ids,
             **metrics}
 
@@ -165,7 +166,7 @@ def placement_name(mode: str, target_threads: int, cfg: BenchConfig) -> str:
     return f"target {target_threads} thr"
 
 
-def _median_forward(runner, batch, all_logits=False, matmul_min_rows=0, repeats=3):
+def _median_forward(runner, batch, all_logits=False, matmul_min_rows=0, repeats=5):
     """Median seconds of one forward appending `batch` (undone after each timing)."""
     times = []
     for _ in range(repeats):
@@ -226,8 +227,10 @@ def predict(run: dict, c: dict, k: int) -> float:
     cnt = run["counters"]
     misses = cnt["fallback_neural"] + cnt["fallback_fast"]
     neural_share = cnt["fallback_neural"] / misses if misses else 1.0
-    # The fork forward over the last proposal runs only when F_K > 0.
-    fork = c.get("t_fork", c["t_draft"]) if not run.get("fanout") or run["fanout"][-1] > 0 else 0.0
+    # The fork forward over the last proposal runs only when F_K > 0 (always under "confidence",
+    # whose "fanout" is the last tree's branch counts, not a plan).
+    fork_runs = run.get("fanout_policy") == "confidence" or not run.get("fanout") or run["fanout"][-1] > 0
+    fork = c.get("t_fork", c["t_draft"]) if fork_runs else 0.0
     t_p = (fork + k * c["t_tree"]) / c["t_verify"]
     t_b = neural_share * k * c["t_draft"] / c["t_verify"]
     p = run["cache_hit_rate"]
