@@ -537,7 +537,7 @@ void DraftWorker::build_trees(std::vector<Seq*>& seqs) {
   // 2. Candidates: top-F_j at fork point j, skipping the drafted token there;
   //    for greedy sequences under the confidence policy, the budget's most
   //    likely outcomes over all fork points instead.
-  realized_.assign(static_cast<size_t>(K + 1), 0);
+  std::vector<int64_t> realized(static_cast<size_t>(K + 1), 0);  // branches per fork point
   for (Seq* s : seqs) {
     const auto L = static_cast<int64_t>(s->tokens.size());
     std::vector<std::pair<int64_t, int32_t>> picks;  // (j, candidate)
@@ -583,7 +583,7 @@ void DraftWorker::build_trees(std::vector<Seq*>& seqs) {
       }
       if (P % bs != 0) copy_slots(s->table, b.table, b.shared * bs, P);
       s->branches.push_back(std::move(b));
-      realized_[j] += 1;
+      realized[j] += 1;
     }
   }
 planned:
@@ -618,7 +618,7 @@ planned:
   planner_.observe_round(fork_s, tree_s, last_verify_s_ > 0 ? last_verify_s_ : round_s);
   if (last_verify_s_ > 0) tp_ = 0.8 * tp_ + 0.2 * round_s / last_verify_s_;
   std::lock_guard<std::mutex> lock(mu_);
-  if (confidence_) stats_.fanout = realized_;
+  if (confidence_) stats_.fanout = realized;
   stats_.tree_rounds += 1;
   stats_.tree_branches += static_cast<int64_t>(paths.size());
   stats_.tree_seconds += round_s;
@@ -629,7 +629,10 @@ void DraftWorker::decode_paths(std::vector<Path>& paths, const std::vector<int64
   if (paths.empty()) return;
   // Ranked lists long enough for every candidate a branch may take, plus the proposal.
   int64_t m = std::max<int64_t>(2, *std::max_element(fanout.begin(), fanout.end()) + 1);
-  const bool probs = confidence_;
+  // Probabilities only where a greedy sequence's confidence-ranked tree reads them.
+  const bool probs = confidence_ && std::any_of(paths.begin(), paths.end(), [](const Path& p) {
+                       return p.seq->params.temperature == 0.0;
+                     });
   if (probs) m = std::max(m, std::min<int64_t>(planner_.budget(), kMaxConfidenceRank) + 1);
   int64_t forwards = 1;
   for (const Path& p : paths) forwards = std::max(forwards, p.steps);

@@ -140,12 +140,10 @@ class DraftWorker {
   double hit_rate_ = 0.5, e_hit_ = 2.0, tp_ = 1.0;
   double last_verify_s_ = 0.0;
   std::vector<int64_t> fanout_;  // the plan of the current round
-  // Confidence-ranked branches for greedy sequences (fanout "confidence"):
-  // how deep a fork point's candidate list goes, and the last tree's
-  // branches per fork point.
+  // Confidence-ranked branches for greedy sequences (fanout "confidence"),
+  // and how deep a fork point's candidate list goes for them.
   static constexpr int64_t kMaxConfidenceRank = 32;
   bool confidence_ = false;
-  std::vector<int64_t> realized_;
 
   mutable std::mutex mu_;
   std::condition_variable wake_, ready_;

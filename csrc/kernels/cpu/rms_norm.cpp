@@ -33,8 +33,8 @@ void silu_mul(const float* gu, float* out, int64_t rows, int64_t n) {
 }
 
 double sum_exp(const float* x, int64_t n, float shift) {
-  // Lane partial sums in float, folded into a double per 16-lane block of
-  // 1024 values so long rows (a vocabulary) keep their precision.
+  // Lane partial sums in float, folded into a double every 1024 values so
+  // long rows (a vocabulary) keep their precision.
   double total = 0.0;
   const Vec s = vbroadcast(shift);
   for (int64_t b = 0; b < n; b += 1024) {
