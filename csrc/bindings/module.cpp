@@ -3,19 +3,19 @@
 // std::invalid_argument surfaces as ValueError.
 #include <torch/extension.h>
 
-#include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
-#include "../kernels/cpu/linear.h"
-#include "../kernels/cpu/ops.h"
-#include "../kernels/cpu/sampling.h"
 #include "../model/model.h"
 #include "../model/runner.h"
-#include "../runtime/fanout.h"
-#include "../runtime/ngram.h"
 #include "ssd/engine.h"
+#include "ssd/log.h"
+#include "ssd/speed_model.h"
 
 namespace py = pybind11;
+
+namespace ssd {
+void bind_testing(py::module_ m);  // testing_module.cpp
+}
 
 namespace ssd {
 namespace {
@@ -73,7 +73,6 @@ EngineConfig engine_config_from(const py::dict& d) {
   get(d, "fanout_budget", c.fanout_budget);
   get(d, "saguaro_c", c.saguaro_c);
   get(d, "fallback", c.fallback);
-  get(d, "always_miss", c.always_miss);
   get(d, "draft_matmul_min_rows", c.draft_matmul_min_rows);
   c.validate();
   return c;
@@ -94,6 +93,29 @@ SamplingParams sampling_params_from(const py::dict& d) {
   return p;
 }
 
+TestingConfig testing_config_from(const py::dict& d) {
+  TestingConfig t;
+  for (auto item : d) {
+    const auto key = item.first.cast<std::string>();
+    if (key != "always_miss" && key != "fault_fast_argmax")
+      throw std::invalid_argument("testing: unknown switch '" + key + "'");
+  }
+  get(d, "always_miss", t.always_miss);
+  get(d, "fault_fast_argmax", t.fault_fast_argmax);
+  return t;
+}
+
+// Every listed field of `obj` (see fields() in ssd/types.h) into `d`.
+template <class T>
+void put_fields(py::dict& d, const T& obj) {
+  T::fields([&](const char* name, auto member) { d[name] = obj.*member; });
+}
+
+template <class T>
+void get_fields(const py::dict& d, T& obj) {
+  T::fields([&](const char* name, auto member) { get(d, name, obj.*member); });
+}
+
 void add_speed(py::dict& d, const SpeedMetrics& m) {
   d["acceptance_rate"] = m.acceptance_rate;
   d["mean_accepted_len"] = m.mean_accepted_len;
@@ -104,78 +126,38 @@ void add_speed(py::dict& d, const SpeedMetrics& m) {
   d["e_miss"] = m.e_miss;
   d["t_p"] = m.t_p;
   d["t_b"] = m.t_b;
+  d["mean_batch"] = m.mean_batch;
   d["predicted_speedup"] = m.predicted_speedup;
   d["target_busy_fraction"] = m.target_busy_fraction;
 }
 
 py::dict metrics_dict(const RequestMetrics& m) {
   py::dict d;
-  d["prompt_tokens"] = m.prompt_tokens;
-  d["generated_tokens"] = m.generated_tokens;
-  d["num_preemptions"] = m.num_preemptions;
-  d["time_to_first_token"] = m.time_to_first_token;
-  d["finish_time"] = m.finish_time;
-  d["seed"] = m.seed;
-  d["rounds"] = m.rounds;
-  d["draft_tokens_proposed"] = m.draft_tokens_proposed;
-  d["draft_tokens_accepted"] = m.draft_tokens_accepted;
-  d["cache_lookups"] = m.cache_lookups;
-  d["cache_hits"] = m.cache_hits;
-  d["fallback_neural"] = m.fallback_neural;
-  d["fallback_fast"] = m.fallback_fast;
-  d["hit_tokens"] = m.hit_tokens;
-  d["miss_tokens"] = m.miss_tokens;
-  d["fast_tokens_proposed"] = m.fast_tokens_proposed;
-  d["fast_tokens_accepted"] = m.fast_tokens_accepted;
+  put_fields(d, m);
+  put_fields(d, m.spec);
   add_speed(d, speed_metrics(m));
   return d;
 }
 
 py::dict stats_dict(const EngineStats& s) {
   py::dict d;
-  d["steps"] = s.steps;
-  d["forward_tokens"] = s.forward_tokens;
-  d["generated_tokens"] = s.generated_tokens;
-  d["peak_batch"] = s.peak_batch;
-  d["num_preemptions"] = s.num_preemptions;
-  d["num_finished"] = s.num_finished;
-  d["num_running"] = s.num_running;
-  d["num_waiting"] = s.num_waiting;
-  d["kv_blocks_total"] = s.kv_blocks_total;
-  d["kv_blocks_free"] = s.kv_blocks_free;
-  d["rounds"] = s.rounds;
-  d["draft_tokens_proposed"] = s.draft_tokens_proposed;
-  d["draft_tokens_accepted"] = s.draft_tokens_accepted;
-  d["forward_seconds"] = s.forward_seconds;
-  d["cache_lookups"] = s.cache_lookups;
-  d["cache_hits"] = s.cache_hits;
-  d["fallback_neural"] = s.fallback_neural;
-  d["fallback_fast"] = s.fallback_fast;
-  d["hit_tokens"] = s.hit_tokens;
-  d["miss_tokens"] = s.miss_tokens;
-  d["fast_tokens_proposed"] = s.fast_tokens_proposed;
-  d["fast_tokens_accepted"] = s.fast_tokens_accepted;
-  d["random_token_acceptance"] = s.random_token_acceptance;
-  d["kv_commits"] = s.kv_commits;
-  d["tree_branches"] = s.tree_branches;
-  d["fanout_budget"] = s.fanout_budget;
-  d["fanout"] = s.fanout;
-  d["acceptance_estimate"] = s.acceptance_estimate;
-  d["miss_exponent"] = s.miss_exponent;
-  d["verify_steps"] = s.verify_steps;
-  d["verify_seconds"] = s.verify_seconds;
-  d["active_seconds"] = s.active_seconds;
-  d["target_wait_seconds"] = s.target_wait_seconds;
-  d["draft_rounds"] = s.draft_rounds;
-  d["draft_round_seconds"] = s.draft_round_seconds;
-  d["fallback_batches"] = s.fallback_batches;
-  d["fallback_seconds"] = s.fallback_seconds;
-  d["fallback_neural_estimate"] = s.fallback_neural_estimate;
-  d["fallback_fast_estimate"] = s.fallback_fast_estimate;
-  d["fast_shadow_rounds"] = s.fast_shadow_rounds;
-  d["fast_shadow_tokens"] = s.fast_shadow_tokens;
+  put_fields(d, s.steps);
+  put_fields(d, s.spec);
+  put_fields(d, s.draft);
+  put_fields(d, s.engine);
+  put_fields(d, s.plan);
   add_speed(d, speed_metrics(s));
   return d;
+}
+
+// The names of the summed counters (deltas between two stats() are meaningful).
+std::vector<std::string> counter_names() {
+  std::vector<std::string> names;
+  auto add = [&](const char* name, auto) { names.emplace_back(name); };
+  StepCounters::fields(add);
+  SpecCounters::fields(add);
+  DraftCounters::fields(add);
+  return names;
 }
 
 model::WeightMap weight_map_from(const py::dict& d) {
@@ -198,67 +180,46 @@ PYBIND11_MODULE(_C, m) {
     }
   });
 
-  m.def("speed_metrics", [](const py::dict& d) {
-    // The speed model over counters (e.g. deltas of LLM.stats() between two points).
-    EngineStats s;
-    get(d, "rounds", s.rounds);
-    get(d, "draft_tokens_proposed", s.draft_tokens_proposed);
-    get(d, "draft_tokens_accepted", s.draft_tokens_accepted);
-    get(d, "generated_tokens", s.generated_tokens);
-    get(d, "cache_lookups", s.cache_lookups);
-    get(d, "cache_hits", s.cache_hits);
-    get(d, "hit_tokens", s.hit_tokens);
-    get(d, "miss_tokens", s.miss_tokens);
-    get(d, "fast_tokens_proposed", s.fast_tokens_proposed);
-    get(d, "fast_tokens_accepted", s.fast_tokens_accepted);
-    get(d, "verify_steps", s.verify_steps);
-    get(d, "verify_seconds", s.verify_seconds);
-    get(d, "draft_rounds", s.draft_rounds);
-    get(d, "draft_round_seconds", s.draft_round_seconds);
-    get(d, "fallback_batches", s.fallback_batches);
-    get(d, "fallback_seconds", s.fallback_seconds);
-    get(d, "forward_seconds", s.forward_seconds);
-    get(d, "active_seconds", s.active_seconds);
-    py::dict out;
-    add_speed(out, speed_metrics(s));
-    return out;
-  });
-  m.def("geometric_fanout", &runtime::geometric_fanout, py::arg("k"), py::arg("budget"),
-        py::arg("acceptance"), py::arg("miss_exponent"));
   m.def(
-      "confidence_branches",
-      [](const std::vector<double>& proposed, const std::vector<std::vector<float>>& candidates, int64_t budget,
-         const std::function<double(double)>& acceptance) {
-        if (proposed.size() != candidates.size() || proposed.empty())
-          throw std::invalid_argument("confidence_branches: one proposed probability and one candidate list "
-                                      "per fork point (K + 1 of each)");
-        std::vector<runtime::ForkPoint> forks(proposed.size());
-        for (size_t j = 0; j < forks.size(); ++j) forks[j] = {proposed[j], candidates[j]};
-        return runtime::confidence_branches(forks, budget, acceptance);
-      },
-      py::arg("proposed"), py::arg("candidates"), py::arg("budget"), py::arg("acceptance"),
-      "The budget's (fork point, candidate index) pairs most likely to be the outcome, best first.");
-  m.def(
-      "calibrated_acceptance",
-      [](const std::vector<std::pair<double, bool>>& observed, const std::vector<double>& query) {
-        runtime::FanoutPlanner planner(1, {}, 1, 1);
-        for (const auto& [p, accepted] : observed) planner.observe_proposal(p, accepted);
-        std::vector<double> out;
-        for (double p : query) out.push_back(planner.proposal_acceptance(p));
+      "speed_metrics",
+      [](const py::dict& d) {
+        EngineStats s;
+        get_fields(d, s.steps);
+        get_fields(d, s.spec);
+        get_fields(d, s.draft);
+        py::dict out;
+        add_speed(out, speed_metrics(s));
         return out;
       },
-      py::arg("observed"), py::arg("query"),
-      "The confidence fan-out's acceptance estimates at `query` after (probability, accepted) observations.");
+      py::arg("counters"),
+      "The speed model over counters (e.g. deltas of LLM.stats() between two points; names: counter_names()).");
+  m.def("counter_names", &counter_names, "The summed counters of stats(): their deltas are meaningful.");
   m.def(
-      "sum_exp",
-      [](const at::Tensor& x, double shift) {
-        TORCH_CHECK(x.dim() == 1 && x.scalar_type() == at::kFloat, "x must be a 1-D float32 tensor");
-        const at::Tensor c = x.contiguous();
-        return kernels::sum_exp(c.data_ptr<float>(), c.numel(), static_cast<float>(shift));
+      "predict_round",
+      [](double p_hit, double e_hit, double e_miss, double t_p, double t_b, int64_t batch, double verify_cost,
+         bool overlapped) {
+        const RoundPrediction r = predict_round({p_hit, e_hit, e_miss, t_p, t_b, batch, verify_cost, overlapped});
+        py::dict d;
+        d["p_all_hit"] = r.p_all_hit;
+        d["tokens"] = r.tokens;
+        d["time"] = r.time;
+        d["speedup"] = r.speedup;
+        return d;
       },
-      py::arg("x"), py::arg("shift"), "sum(exp(x - shift)), the draft's softmax normalizer.");
-  m.def("ngram_propose", &runtime::ngram_propose, py::arg("tokens"), py::arg("k"), py::arg("max_n") = 3);
-  m.def("proposal_emitted", &runtime::proposal_emitted, py::arg("text"), py::arg("at"), py::arg("proposal"));
+      py::arg("p_hit") = 1.0, py::arg("e_hit") = 0.0, py::arg("e_miss") = 0.0, py::arg("t_p") = 0.0,
+      py::arg("t_b") = 0.0, py::arg("batch") = 1, py::arg("verify_cost") = 1.0, py::arg("overlapped") = true,
+      "The one round-cost model (csrc/include/ssd/speed_model.h): {p_all_hit, tokens, time, speedup}; "
+      "times in verify forwards, speedup over ar.");
+  m.def("set_log_level", [](int level) { log::set_level(static_cast<log::Level>(level)); }, py::arg("level"),
+        "Records below this Python logging level are dropped in C++ (default: off).");
+  m.def(
+      "drain_log",
+      []() {
+        py::list out;
+        for (const auto& r : log::drain()) out.append(py::make_tuple(static_cast<int>(r.level), r.message));
+        return out;
+      },
+      "The queued C++ log records, oldest first, as (level, message).");
   m.def("validate_model_config", [](const py::dict& d) { model_config_from(d); });
   m.def("validate_engine_config", [](const py::dict& d) { engine_config_from(d); });
   m.def("validate_sampling_params",
@@ -288,12 +249,13 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("num_free_blocks", &model::SequenceRunner::num_free_blocks);
 
   py::class_<Engine>(m, "Engine")
-      .def(py::init([](const py::dict& config, std::shared_ptr<model::Model> target,
-                       std::vector<int32_t> eos, std::shared_ptr<model::Model> draft) {
-             return std::make_unique<Engine>(engine_config_from(config), std::move(target),
-                                             std::move(eos), std::move(draft));
+      .def(py::init([](const py::dict& config, std::shared_ptr<model::Model> target, std::vector<int32_t> eos,
+                       std::shared_ptr<model::Model> draft, const py::dict& testing) {
+             return std::make_unique<Engine>(engine_config_from(config), std::move(target), std::move(eos),
+                                             std::move(draft), testing_config_from(testing));
            }),
-           py::arg("config"), py::arg("target"), py::arg("eos_token_ids"), py::arg("draft") = nullptr)
+           py::arg("config"), py::arg("target"), py::arg("eos_token_ids"), py::arg("draft") = nullptr,
+           py::arg("testing") = py::dict())
       .def("enqueue",
            [](Engine& e, std::vector<int32_t> prompt, const py::dict& params) {
              return e.enqueue(Request{std::move(prompt), sampling_params_from(params)});
@@ -331,70 +293,5 @@ PYBIND11_MODULE(_C, m) {
       .def("shutdown", &Engine::shutdown, py::call_guard<py::gil_scoped_release>())
       .def("stats", [](const Engine& e) { return stats_dict(e.stats()); });
 
-  m.def("process_logits",
-        [](const at::Tensor& logits, double temperature, int64_t top_k, double top_p) {
-          at::Tensor x = logits.to(at::kFloat).contiguous();
-          TORCH_CHECK(x.dim() == 1, "logits must be 1-D [vocab]");
-          at::Tensor probs = at::empty_like(x);
-          kernels::LogitsScratch scratch;
-          kernels::process_logits(x.data_ptr<float>(), x.numel(), {temperature, top_k, top_p},
-                                  probs.data_ptr<float>(), scratch);
-          return probs;
-        },
-        py::arg("logits"), py::arg("temperature"), py::arg("top_k") = 0, py::arg("top_p") = 1.0,
-        "logits: [vocab] -> processed probabilities [vocab] (temperature, top-k, top-p).");
-  m.def(
-      "silu_mul",
-      [](const at::Tensor& gu) {
-        TORCH_CHECK(gu.dim() == 2 && gu.size(1) % 2 == 0, "gu must be [rows, 2n]");
-        const at::Tensor x = gu.to(at::kFloat).contiguous();
-        const int64_t rows = x.size(0), n = x.size(1) / 2;
-        at::Tensor out = at::empty({rows, n}, at::kFloat);
-        kernels::silu_mul(x.data_ptr<float>(), out.data_ptr<float>(), rows, n);
-        return out;
-      },
-      py::arg("gu"), "The model's MLP activation: silu(gu[:, :n]) * gu[:, n:].");
-  m.def("packed_linear",
-        [](const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, bool pairs,
-           int64_t threads) {
-          TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1),
-                      "x must be [m, k] and w [n, k] with the same k");
-          TORCH_CHECK(w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16,
-                      "w must be float32 or bfloat16");
-          // Rows may be strided (as the model's are): the kernels read k columns of each.
-          const at::Tensor xs = x.scalar_type() == at::kFloat && x.stride(1) == 1 ? x : x.to(at::kFloat).contiguous();
-          const int64_t m = x.size(0), n = w.size(0), k = w.size(1), ldx = xs.stride(0);
-          at::Tensor b;
-          if (bias.has_value()) {
-            b = bias->to(at::kFloat).contiguous();
-            TORCH_CHECK(b.dim() == 1 && b.size(0) == n, "bias must be [n]");
-          }
-          const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
-          at::Tensor y = at::empty({m, n}, at::kFloat);
-          kernels::ThreadPool pool(threads);
-          const bool bf16 = w.scalar_type() == at::kBFloat16;
-          const at::Tensor dense = w.contiguous();
-          at::Tensor packed = at::empty({kernels::packed_size(n, k)}, w.scalar_type());
-          std::vector<uint16_t> pair_w;
-          if (pairs) pair_w.resize(static_cast<size_t>(kernels::pair_packed_size(n, k)));
-          if (bf16) {
-            auto* pw = reinterpret_cast<uint16_t*>(packed.data_ptr<at::BFloat16>());
-            kernels::pack(reinterpret_cast<const uint16_t*>(dense.data_ptr<at::BFloat16>()), n, k, pw);
-            if (pairs) kernels::pack_pairs(pw, n, k, pair_w.data());
-            else kernels::linear(xs.data_ptr<float>(), ldx, pw, bp, y.data_ptr<float>(), n, m, n, k, pool);
-          } else {
-            kernels::pack(dense.data_ptr<float>(), n, k, packed.data_ptr<float>());
-            if (pairs) kernels::pack_pairs(packed.data_ptr<float>(), n, k, pair_w.data());
-            else kernels::linear(xs.data_ptr<float>(), ldx, packed.data_ptr<float>(), bp, y.data_ptr<float>(), n, m, n, k, pool);
-          }
-          if (pairs) kernels::linear_pairs(xs.data_ptr<float>(), ldx, pair_w.data(), bp, y.data_ptr<float>(), n, m, n, k, pool);
-          return y;
-        },
-        py::arg("x"), py::arg("w"), py::arg("bias") = py::none(), py::arg("pairs") = false, py::arg("threads") = 1,
-        "y = x @ w.T (+ bias) through the model's packed kernels: the exact layout (fp32 "
-        "activations, batch invariant) or, with pairs=True, the draft's bf16 pair kernels.");
-  m.def("pairs_native", &kernels::pairs_native, "Whether the bf16 pair kernels use AVX512-BF16 instructions.");
-  m.def("keyed_uniform", [](uint64_t seed, uint64_t position, uint64_t purpose) {
-    return kernels::keyed_uniform(seed, position, static_cast<kernels::RandomPurpose>(purpose));
-  });
+  bind_testing(m.def_submodule("testing", "Test-only entry points into the core's pieces (not a product API)."));
 }

@@ -106,50 +106,6 @@ void EngineConfig::validate() const {
     bad("fallback", "must be 'auto', 'neural' or 'fast', got '" + fallback + "'");
 }
 
-namespace {
-
-double ratio(double a, double b) { return b > 0 ? a / b : 0.0; }
-
-SpeedMetrics counting_metrics(int64_t rounds, int64_t proposed, int64_t accepted, int64_t lookups,
-                              int64_t hits, int64_t hit_tokens, int64_t miss_tokens,
-                              int64_t generated) {
-  SpeedMetrics m;
-  m.acceptance_rate = ratio(static_cast<double>(accepted), static_cast<double>(proposed));
-  m.mean_accepted_len = ratio(static_cast<double>(accepted), static_cast<double>(rounds));
-  m.tokens_per_round = ratio(static_cast<double>(generated), static_cast<double>(rounds));
-  m.cache_hit_rate = ratio(static_cast<double>(hits), static_cast<double>(lookups));
-  m.e_hit = ratio(static_cast<double>(hit_tokens), static_cast<double>(hits));
-  m.e_miss = ratio(static_cast<double>(miss_tokens), static_cast<double>(lookups - hits));
-  return m;
-}
-
-}  // namespace
-
-double predicted_speedup(double p_hit, double e_hit, double e_miss, double t_p, double t_b) {
-  const double time = p_hit * std::max(1.0, t_p) + (1.0 - p_hit) * (1.0 + t_b);
-  return ratio(p_hit * e_hit + (1.0 - p_hit) * e_miss, time);
-}
-
-SpeedMetrics speed_metrics(const EngineStats& s) {
-  SpeedMetrics m = counting_metrics(s.rounds, s.draft_tokens_proposed, s.draft_tokens_accepted,
-                                    s.cache_lookups, s.cache_hits, s.hit_tokens, s.miss_tokens,
-                                    s.generated_tokens);
-  m.fast_acceptance_rate = ratio(static_cast<double>(s.fast_tokens_accepted), static_cast<double>(s.fast_tokens_proposed));
-  const double verify = ratio(s.verify_seconds, static_cast<double>(s.verify_steps));
-  m.t_p = ratio(ratio(s.draft_round_seconds, static_cast<double>(s.draft_rounds)), verify);
-  m.t_b = ratio(ratio(s.fallback_seconds, static_cast<double>(s.fallback_batches)), verify);
-  if (s.cache_lookups > 0) m.predicted_speedup = predicted_speedup(m.cache_hit_rate, m.e_hit, m.e_miss, m.t_p, m.t_b);
-  m.target_busy_fraction = ratio(s.forward_seconds, s.active_seconds);
-  return m;
-}
-
-SpeedMetrics speed_metrics(const RequestMetrics& r) {
-  SpeedMetrics m = counting_metrics(r.rounds, r.draft_tokens_proposed, r.draft_tokens_accepted, r.cache_lookups,
-                                    r.cache_hits, r.hit_tokens, r.miss_tokens, r.generated_tokens);
-  m.fast_acceptance_rate = ratio(static_cast<double>(r.fast_tokens_accepted), static_cast<double>(r.fast_tokens_proposed));
-  return m;
-}
-
 int64_t EngineConfig::num_kv_blocks() const {
   const int64_t tokens = kv_capacity_tokens > 0 ? kv_capacity_tokens : max_batch * max_model_len;
   return (tokens + kv_block_size - 1) / kv_block_size;

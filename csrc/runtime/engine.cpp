@@ -4,7 +4,6 @@
 #include <cmath>
 #include <atomic>
 #include <condition_variable>
-#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -52,21 +51,17 @@ struct RoundResult {
 class Engine::Impl {
  public:
   Impl(const EngineConfig& config, std::shared_ptr<model::Model> target, std::vector<int32_t> eos,
-       std::shared_ptr<model::Model> draft)
-      : config_(config), model_(std::move(target)), eos_(std::move(eos)) {
+       std::shared_ptr<model::Model> draft, const TestingConfig& testing)
+      : config_(config), testing_(testing), model_(std::move(target)), eos_(std::move(eos)) {
     config_.validate();
     if (!model_) throw std::invalid_argument("target model is null");
-    // Fault injection for the tests that prove the law tests can fail:
-    // SSD_TEST_FAULT=fast_argmax verifies one-hot (fast fallback) proposals
-    // greedily whatever the temperature, which breaks the output law.
-    if (const char* fault = std::getenv("SSD_TEST_FAULT")) fault_fast_argmax_ = std::string(fault) == "fast_argmax";
     check_draft(draft.get());
     cache_ = std::make_unique<model::KvCache>(model_->config(), config_.num_kv_blocks(),
                                               config_.kv_block_size);
     int64_t lookahead = 0;
     if (draft) {
       if (config_.mode == "ssd")
-        worker_ = std::make_unique<runtime::DraftWorker>(config_, std::move(draft));
+        worker_ = std::make_unique<runtime::DraftWorker>(config_, std::move(draft), testing_);
       else
         drafter_ = std::make_unique<runtime::Drafter>(std::move(draft), config_.num_kv_blocks(),
                                                       config_.kv_block_size, config_.draft_threads,
@@ -169,24 +164,8 @@ class Engine::Impl {
       std::lock_guard<std::mutex> lock(mu_);
       s = stats_;
     }
-    if (worker_) {
-      const runtime::DraftWorkerStats w = worker_->stats();
-      s.kv_commits = w.kv_commits;
-      s.tree_branches = w.tree_branches;
-      s.fanout_budget = w.fanout_budget;
-      s.fanout = w.fanout;
-      s.acceptance_estimate = w.acceptance_estimate;
-      s.miss_exponent = w.miss_exponent;
-      s.draft_rounds = w.tree_rounds;
-      s.draft_round_seconds = w.tree_seconds;
-      s.fallback_batches = w.fallback_batches;
-      s.fallback_seconds = w.fallback_seconds;
-      s.fallback_neural_estimate = w.fallback_neural_estimate;
-      s.fallback_fast_estimate = w.fallback_fast_estimate;
-      s.fast_shadow_rounds = w.fast_shadow_rounds;
-      s.fast_shadow_tokens = w.fast_shadow_tokens;
-    }
-    s.random_token_acceptance = 1.0 / static_cast<double>(model_->config().vocab_size);
+    if (worker_) worker_->stats(s.draft, s.plan);
+    s.engine.random_token_acceptance = 1.0 / static_cast<double>(model_->config().vocab_size);
     return s;
   }
 
@@ -281,22 +260,24 @@ class Engine::Impl {
     const int64_t emitted = postprocess(plan.chunks, proposals, logits, forward_s, responses);
     flush_to_draft();
     std::lock_guard<std::mutex> lock(mu_);
-    stats_.steps += 1;
-    stats_.forward_tokens += static_cast<int64_t>(input.tokens.size());
-    stats_.generated_tokens += emitted;
-    stats_.forward_seconds += forward_s;
+    StepCounters& c = stats_.steps;
+    c.steps += 1;
+    c.forward_tokens += static_cast<int64_t>(input.tokens.size());
+    c.generated_tokens += emitted;
+    c.forward_seconds += forward_s;
     if (any_spec) {
-      stats_.verify_steps += 1;
-      stats_.verify_seconds += forward_s;
+      c.verify_steps += 1;
+      c.verify_seconds += forward_s;
     }
-    stats_.target_wait_seconds += wait_s;
-    stats_.active_seconds += seconds_since(t_step);
-    stats_.peak_batch = std::max<int64_t>(stats_.peak_batch, static_cast<int64_t>(plan.chunks.size()));
-    stats_.num_preemptions = scheduler_->num_preemptions();
-    stats_.num_running = scheduler_->num_running();
-    stats_.num_waiting = scheduler_->num_waiting();
-    stats_.kv_blocks_total = cache_->num_blocks();
-    stats_.kv_blocks_free = cache_->num_free_blocks();
+    c.target_wait_seconds += wait_s;
+    c.active_seconds += seconds_since(t_step);
+    EngineGauges& g = stats_.engine;
+    g.peak_batch = std::max<int64_t>(g.peak_batch, static_cast<int64_t>(plan.chunks.size()));
+    g.num_preemptions = scheduler_->num_preemptions();
+    g.num_running = scheduler_->num_running();
+    g.num_waiting = scheduler_->num_waiting();
+    g.kv_blocks_total = cache_->num_blocks();
+    g.kv_blocks_free = cache_->num_free_blocks();
   }
 
   // sd: the draft model drafts every speculative chunk's tokens on this thread.
@@ -476,7 +457,7 @@ class Engine::Impl {
     const double bonus_u = kernels::keyed_uniform(seq->seed, static_cast<uint64_t>(start),
                                                   kernels::RandomPurpose::kResidual);
     const bool one_hot = prop.one_hot;
-    const double temperature = one_hot && fault_fast_argmax_ ? 0.0 : seq->params.temperature;
+    const double temperature = one_hot && testing_.fault_fast_argmax ? 0.0 : seq->params.temperature;
     const double top_p = seq->params.top_p;
     const int64_t top_k = seq->params.top_k;
     int64_t accepted = 0, bonus = 0;
@@ -512,7 +493,7 @@ class Engine::Impl {
     result.accepted = accepted;
     result.bonus = static_cast<int32_t>(bonus);
     // Metrics; a finished request already reported its own, so count it there too.
-    RequestMetrics delta;
+    SpecCounters delta;
     delta.rounds = 1;
     delta.draft_tokens_proposed = count;
     delta.draft_tokens_accepted = accepted;
@@ -538,41 +519,18 @@ class Engine::Impl {
   }
 
   // seq: null when the round finished it (its final response is amended instead).
-  void add_round_metrics(Sequence* seq, RequestId id, const RequestMetrics& d, std::vector<Response>& responses) {
-    auto add = [&d](RequestMetrics& m) {
-      m.rounds += d.rounds;
-      m.draft_tokens_proposed += d.draft_tokens_proposed;
-      m.draft_tokens_accepted += d.draft_tokens_accepted;
-      m.cache_lookups += d.cache_lookups;
-      m.cache_hits += d.cache_hits;
-      m.fallback_neural += d.fallback_neural;
-      m.fallback_fast += d.fallback_fast;
-      m.hit_tokens += d.hit_tokens;
-      m.miss_tokens += d.miss_tokens;
-      m.fast_tokens_proposed += d.fast_tokens_proposed;
-      m.fast_tokens_accepted += d.fast_tokens_accepted;
-    };
+  void add_round_metrics(Sequence* seq, RequestId id, const SpecCounters& d, std::vector<Response>& responses) {
     if (seq == nullptr) {
       for (auto it = responses.rbegin(); it != responses.rend(); ++it)
         if (it->id == id && it->finished) {
-          add(it->metrics);
+          it->metrics.spec += d;
           break;
         }
     } else {
-      add(seq->metrics);
+      seq->metrics.spec += d;
     }
     std::lock_guard<std::mutex> lock(mu_);
-    stats_.rounds += d.rounds;
-    stats_.draft_tokens_proposed += d.draft_tokens_proposed;
-    stats_.draft_tokens_accepted += d.draft_tokens_accepted;
-    stats_.cache_lookups += d.cache_lookups;
-    stats_.cache_hits += d.cache_hits;
-    stats_.fallback_neural += d.fallback_neural;
-    stats_.fallback_fast += d.fallback_fast;
-    stats_.hit_tokens += d.hit_tokens;
-    stats_.miss_tokens += d.miss_tokens;
-    stats_.fast_tokens_proposed += d.fast_tokens_proposed;
-    stats_.fast_tokens_accepted += d.fast_tokens_accepted;
+    stats_.spec += d;
   }
 
   int32_t sample(const Sequence& seq, const float* logits) {
@@ -632,7 +590,7 @@ class Engine::Impl {
     responses.push_back(std::move(r));
     live_.erase(seq->id);
     std::lock_guard<std::mutex> lock(mu_);
-    stats_.num_finished += 1;
+    stats_.steps.num_finished += 1;
   }
 
   void publish(std::vector<Response> responses) {
@@ -643,11 +601,11 @@ class Engine::Impl {
   }
 
   EngineConfig config_;
+  TestingConfig testing_;
   std::shared_ptr<model::Model> model_;
   std::vector<int32_t> eos_;
   std::unique_ptr<model::KvCache> cache_;
   std::unique_ptr<runtime::Drafter> drafter_;
-  bool fault_fast_argmax_ = false;                           // see SSD_TEST_FAULT
   std::unique_ptr<runtime::DraftWorker> worker_;             // ssd
   std::map<RequestId, runtime::Speculation> ready_specs_;    // ssd, engine thread only
   std::vector<runtime::SpecMessage> to_draft_;               // ssd, posted once per step
@@ -671,9 +629,10 @@ class Engine::Impl {
 };
 
 Engine::Engine(const EngineConfig& config, std::shared_ptr<model::Model> target,
-               std::vector<int32_t> eos_token_ids, std::shared_ptr<model::Model> draft)
-    : impl_(std::make_unique<Impl>(config, std::move(target), std::move(eos_token_ids),
-                                   std::move(draft))) {}
+               std::vector<int32_t> eos_token_ids, std::shared_ptr<model::Model> draft,
+               const TestingConfig& testing)
+    : impl_(std::make_unique<Impl>(config, std::move(target), std::move(eos_token_ids), std::move(draft),
+                                   testing)) {}
 Engine::~Engine() = default;
 RequestId Engine::enqueue(Request request) { return impl_->enqueue(std::move(request)); }
 std::vector<RequestId> Engine::enqueue_batch(std::vector<Request> requests) {

@@ -8,6 +8,8 @@
 #include "../kernels/cpu/kv_commit.h"
 #include "../kernels/cpu/ops.h"
 #include "draft_sampling.h"
+#include "ssd/log.h"
+#include "ssd/speed_model.h"
 #include "ngram.h"
 
 #include <ATen/core/Tensor.h>
@@ -127,8 +129,10 @@ struct DraftWorker::Path {
   std::vector<Ranked> fed_ranked;  // score only: per fed position >= rank_from
 };
 
-DraftWorker::DraftWorker(const EngineConfig& config, std::shared_ptr<model::Model> draft)
+DraftWorker::DraftWorker(const EngineConfig& config, std::shared_ptr<model::Model> draft,
+                         const TestingConfig& testing)
     : config_(config),
+      testing_(testing),
       model_(std::move(draft)),
       vocab_(model_->config().vocab_size),
       planner_(config.k, config.fanout_list, config.fanout_budget, max_budget(config)),
@@ -171,9 +175,10 @@ void DraftWorker::collect(std::vector<Speculation>& out, double timeout_s) {
   outbox_.clear();
 }
 
-DraftWorkerStats DraftWorker::stats() const {
+void DraftWorker::stats(DraftCounters& counters, DraftGauges& gauges) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  counters = counters_;
+  gauges = gauges_;
 }
 
 void DraftWorker::loop() {
@@ -310,17 +315,16 @@ void DraftWorker::handle(std::vector<SpecMessage>& messages) {
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stats_.starts += static_cast<int64_t>(starts.size());
-    if (!confidence_) stats_.fanout = fanout_;
-    stats_.fanout_budget = planner_.budget();
-    stats_.acceptance_estimate = planner_.acceptance();
-    stats_.miss_exponent = planner_.miss_exponent();
-    stats_.fallback_neural_estimate = kinds_[0].rounds > 0 ? kinds_[0].e : 0.0;
-    stats_.fallback_fast_estimate = kinds_[1].rounds > 0 ? kinds_[1].e : 0.0;
+    if (!confidence_) gauges_.fanout = fanout_;
+    gauges_.fanout_budget = planner_.budget();
+    gauges_.acceptance_estimate = planner_.acceptance();
+    gauges_.miss_exponent = planner_.miss_exponent();
+    gauges_.fallback_neural_estimate = kinds_[0].rounds > 0 ? kinds_[0].e : 0.0;
+    gauges_.fallback_fast_estimate = kinds_[1].rounds > 0 ? kinds_[1].e : 0.0;
     for (auto& r : out) outbox_.push_back(std::move(r));
     ready_.notify_all();
   }
-  if (config_.always_miss || to_tree.empty()) return;
+  if (testing_.always_miss || to_tree.empty()) return;
   try {
     build_trees(to_tree);
   } catch (const std::exception&) {
@@ -365,7 +369,7 @@ void DraftWorker::outcome(Seq& s, const SpecMessage& m, std::vector<Seq*>& misse
 
   const auto key = std::make_pair(k, m.bonus);
   auto entry = s.cache.find(key);
-  bool hit = !config_.always_miss && s.treed && entry != s.cache.end();
+  bool hit = !testing_.always_miss && s.treed && entry != s.cache.end();
   for (int64_t i = 0; i < k; ++i) s.tokens.push_back(s.spec[i]);
   s.tokens.push_back(m.bonus);
   score_shadow(s);
@@ -390,9 +394,7 @@ void DraftWorker::outcome(Seq& s, const SpecMessage& m, std::vector<Seq*>& misse
   hit_rate_ = 0.95 * hit_rate_ + 0.05 * (hit ? 1.0 : 0.0);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stats_.lookups += 1;
-    stats_.hits += hit ? 1 : 0;
-    stats_.kv_commits += hit ? 1 : 0;
+    counters_.kv_commits += hit ? 1 : 0;
   }
   free_tree(s);
   if (!hit) {
@@ -422,13 +424,21 @@ void DraftWorker::score_shadow(Seq& s) {
   }
   if (rounds == 0) return;
   std::lock_guard<std::mutex> lock(mu_);
-  stats_.fast_shadow_rounds += rounds;
-  stats_.fast_shadow_tokens += tokens;
+  counters_.fast_shadow_rounds += rounds;
+  counters_.fast_shadow_tokens += tokens;
 }
 
 DraftWorker::Fallback DraftWorker::choose_fallback(int64_t batch) {
-  if (config_.fallback == "neural") return in_force_ = Fallback::kNeural;
-  if (config_.fallback == "fast") return in_force_ = Fallback::kFast;
+  const Fallback chosen = pick_fallback(batch);
+  if (chosen != in_force_)
+    SSD_LOG_INFO("ssd fallback: " << (chosen == Fallback::kFast ? "fast (n-gram)" : "neural") << " from now on (batch "
+                                  << batch << ", hit rate " << hit_rate_ << ")");
+  return in_force_ = chosen;
+}
+
+DraftWorker::Fallback DraftWorker::pick_fallback(int64_t batch) const {
+  if (config_.fallback == "neural") return Fallback::kNeural;
+  if (config_.fallback == "fast") return Fallback::kFast;
   // "auto": the speed model for each kind; with a batch, one miss anywhere
   // delays the whole round. The fast kind costs nothing to try, so it runs
   // first until its tokens per round are known. The neural kind drafts with
@@ -436,19 +446,23 @@ DraftWorker::Fallback DraftWorker::choose_fallback(int64_t batch) {
   // per round are taken to be the hits' and its time K draft steps.
   constexpr int64_t kWarmup = 4;
   const KindStats& fast = kinds_[1];
-  if (fast.rounds < kWarmup) return in_force_ = Fallback::kFast;
+  if (fast.rounds < kWarmup) return Fallback::kFast;
   KindStats neural = kinds_[0];
-  const double b = static_cast<double>(std::max<int64_t>(batch, 1));
+  const int64_t b = std::max<int64_t>(batch, 1);
   if (neural.rounds == 0) neural.e = e_hit_;
   if (neural.runs == 0 && last_verify_s_ > 0)
-    neural.tb = static_cast<double>(config_.k) * planner_.step_seconds(b) / last_verify_s_;
-  const double p = hit_rate_;
-  const double all_hit = std::pow(p, b);
-  const double tp = std::max(1.0, tp_);
+    neural.tb = static_cast<double>(config_.k) * planner_.step_seconds(static_cast<double>(b)) / last_verify_s_;
   auto speed = [&](const KindStats& k) {
-    return (p * e_hit_ + (1 - p) * k.e) / (all_hit * tp + (1 - all_hit) * (tp + k.tb));
+    RoundModel m;
+    m.p_hit = hit_rate_;
+    m.e_hit = e_hit_;
+    m.e_miss = k.e;
+    m.t_p = tp_;
+    m.t_b = k.tb;
+    m.batch = b;
+    return predict_round(m).speedup;
   };
-  return in_force_ = speed(fast) >= speed(neural) ? Fallback::kFast : Fallback::kNeural;
+  return speed(fast) >= speed(neural) ? Fallback::kFast : Fallback::kNeural;
 }
 
 void DraftWorker::run_fallback(std::vector<Seq*>& seqs, Fallback kind, std::vector<Speculation>& out,
@@ -495,9 +509,8 @@ void DraftWorker::run_fallback(std::vector<Seq*>& seqs, Fallback kind, std::vect
     k.tb = k.runs++ == 0 ? tb : 0.8 * k.tb + 0.2 * tb;
   }
   std::lock_guard<std::mutex> lock(mu_);
-  (kind == Fallback::kFast ? stats_.fallback_fast : stats_.fallback_neural) += static_cast<int64_t>(seqs.size());
-  stats_.fallback_seconds += seconds;
-  stats_.fallback_batches += 1;
+  counters_.fallback_seconds += seconds;
+  counters_.fallback_batches += 1;
 }
 
 void DraftWorker::build_trees(std::vector<Seq*>& seqs) {
@@ -618,10 +631,10 @@ planned:
   planner_.observe_round(fork_s, tree_s, last_verify_s_ > 0 ? last_verify_s_ : round_s);
   if (last_verify_s_ > 0) tp_ = 0.8 * tp_ + 0.2 * round_s / last_verify_s_;
   std::lock_guard<std::mutex> lock(mu_);
-  if (confidence_) stats_.fanout = realized;
-  stats_.tree_rounds += 1;
-  stats_.tree_branches += static_cast<int64_t>(paths.size());
-  stats_.tree_seconds += round_s;
+  if (confidence_) gauges_.fanout = realized;
+  counters_.draft_rounds += 1;
+  counters_.tree_branches += static_cast<int64_t>(paths.size());
+  counters_.draft_round_seconds += round_s;
 }
 
 void DraftWorker::decode_paths(std::vector<Path>& paths, const std::vector<int64_t>& fanout, bool tree,

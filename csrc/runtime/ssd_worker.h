@@ -61,32 +61,9 @@ struct Speculation {
   std::string error;            ///< non-empty: drafting failed for this sequence
 };
 
-/// Cumulative counters of the draft worker (read by Engine::stats()).
-struct DraftWorkerStats {
-  int64_t lookups = 0;
-  int64_t hits = 0;
-  int64_t kv_commits = 0;        ///< hits whose branch KV moved into the sequence
-  int64_t fallback_neural = 0;   ///< sequences answered by the neural fallback
-  int64_t fallback_fast = 0;     ///< ... by the n-gram fallback
-  int64_t starts = 0;
-  int64_t tree_rounds = 0;
-  int64_t tree_branches = 0;
-  double tree_seconds = 0.0;     ///< fork-point forward + tree decode, summed over rounds
-  double fallback_seconds = 0.0;
-  int64_t fallback_batches = 0;
-  int64_t fanout_budget = 0;
-  std::vector<int64_t> fanout;
-  double acceptance_estimate = 0.0;
-  double miss_exponent = 0.0;
-  double fallback_neural_estimate = 0.0;  ///< "auto": tokens per round, per kind
-  double fallback_fast_estimate = 0.0;
-  int64_t fast_shadow_rounds = 0;
-  int64_t fast_shadow_tokens = 0;
-};
-
 class DraftWorker {
  public:
-  DraftWorker(const EngineConfig& config, std::shared_ptr<model::Model> draft);
+  DraftWorker(const EngineConfig& config, std::shared_ptr<model::Model> draft, const TestingConfig& testing = {});
   ~DraftWorker();
   DraftWorker(const DraftWorker&) = delete;
   DraftWorker& operator=(const DraftWorker&) = delete;
@@ -96,7 +73,8 @@ class DraftWorker {
   void collect(std::vector<Speculation>& out, double timeout_s);
   /// Stops and joins the thread (idempotent).
   void stop();
-  DraftWorkerStats stats() const;
+  /// The worker's counters and its current plan, copied under its lock.
+  void stats(DraftCounters& counters, DraftGauges& gauges) const;
 
  private:
   struct Seq;
@@ -107,7 +85,9 @@ class DraftWorker {
   void loop();
   void handle(std::vector<SpecMessage>& messages);
   void outcome(Seq& s, const SpecMessage& m, std::vector<Seq*>& misses, std::vector<Speculation>& out);
+  /// The fallback for this round's misses (logs a switch of kind).
   Fallback choose_fallback(int64_t batch);
+  Fallback pick_fallback(int64_t batch) const;
   /// Scores the pending n-gram shadow proposals the committed text now decides.
   void score_shadow(Seq& s);
   void run_fallback(std::vector<Seq*>& seqs, Fallback kind, std::vector<Speculation>& out, bool starts = false);
@@ -123,6 +103,7 @@ class DraftWorker {
   void copy_slots(const model::BlockTable& from, const model::BlockTable& to, int64_t begin, int64_t end);
 
   EngineConfig config_;
+  TestingConfig testing_;
   std::shared_ptr<model::Model> model_;
   int64_t vocab_;
   std::unique_ptr<model::KvCache> cache_;
@@ -149,7 +130,8 @@ class DraftWorker {
   std::condition_variable wake_, ready_;
   std::deque<SpecMessage> inbox_;
   std::vector<Speculation> outbox_;
-  DraftWorkerStats stats_;
+  DraftCounters counters_;
+  DraftGauges gauges_;
   bool stopping_ = false;
   std::thread thread_;
 };

@@ -22,6 +22,7 @@
 #include "../model/checkpoint.h"
 #include "../model/model.h"
 #include "ssd/engine.h"
+#include "ssd/speed_model.h"
 
 namespace {
 
@@ -249,9 +250,9 @@ int run(const Options& o) {
   if (o.stats) {
     const ssd::EngineStats st = engine->stats();
     const ssd::SpeedMetrics m = ssd::speed_metrics(st);
-    std::cerr << "stats: rounds=" << st.rounds << " acceptance_rate=" << m.acceptance_rate
-              << " cache_hit_rate=" << m.cache_hit_rate << " fallback_neural=" << st.fallback_neural
-              << " fallback_fast=" << st.fallback_fast << " kv_commits=" << st.kv_commits
+    std::cerr << "stats: rounds=" << st.spec.rounds << " acceptance_rate=" << m.acceptance_rate
+              << " cache_hit_rate=" << m.cache_hit_rate << " fallback_neural=" << st.spec.fallback_neural
+              << " fallback_fast=" << st.spec.fallback_fast << " kv_commits=" << st.draft.kv_commits
               << " e_hit=" << m.e_hit << " e_miss=" << m.e_miss << " t_p=" << m.t_p << " t_b=" << m.t_b
               << " predicted_speedup=" << m.predicted_speedup
               << " target_busy_fraction=" << m.target_busy_fraction << "\n";

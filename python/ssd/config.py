@@ -37,7 +37,7 @@ class EngineConfig:
     SAGUARO sampling (1.0: plain sampling); fallback on a cache miss is
     "neural" (the draft re-drafts), "fast" (n-gram prompt lookup) or "auto"
     (by batch size, where the speed model says fast beats neural).
-    always_miss (testing) makes every cache lookup miss. draft_matmul_min_rows:
+    draft_matmul_min_rows:
     draft forwards over at least this many rows (the ssd tree, sd batches)
     use bf16 pair kernels (AVX512-BF16, many rows cost about one); the draft's
     numerics never change the output law. 0 turns that off.
@@ -59,7 +59,6 @@ class EngineConfig:
     fanout_budget: str | int = "auto"
     saguaro_c: float = 1.0
     fallback: str = "auto"
-    always_miss: bool = False
     draft_matmul_min_rows: int = 4
 
     def __post_init__(self):
@@ -78,8 +77,6 @@ class EngineConfig:
             raise ValueError(f"fanout_budget: must be 'auto' or an integer >= 1, got {self.fanout_budget!r}")
         if not isinstance(self.saguaro_c, (int, float)) or isinstance(self.saguaro_c, bool):
             raise ValueError(f"saguaro_c: must be a number in [0, 1], got {self.saguaro_c!r}")
-        if not isinstance(self.always_miss, bool):
-            raise ValueError(f"always_miss: must be True or False, got {self.always_miss!r}")
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.type == "int" and (not isinstance(value, int) or isinstance(value, bool)):

@@ -78,6 +78,12 @@ class _Tracker:
         return chunk
 
 
+def _forward_log() -> None:
+    from ssd import _logging
+
+    _logging.forward()
+
+
 def _find_stop(text: str, stops: list[str], start: int) -> int | None:
     hits = [i for i in (text.find(s, start) for s in stops) if i >= 0]
     return min(hits) if hits else None
@@ -95,13 +101,14 @@ class LLM:
 
     target / draft: a path, or a ``LoadedModel`` from ``ssd.models.load``
     (loaded with this config's dtype; reused, e.g. across several engines).
+    testing: an ``ssd.testing.TestingConfig`` of test-only switches (tests only).
 
     >>> llm = LLM(target="path/to/model", mode="ar", max_model_len=1024)
     >>> llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=16))[0].text
     """
 
     def __init__(self, target, *, mode: str = "ar", draft=None,
-                 config: EngineConfig | None = None, **engine_kwargs):
+                 config: EngineConfig | None = None, testing=None, **engine_kwargs):
         if config is None:
             config = EngineConfig(mode=mode, **engine_kwargs)
         elif engine_kwargs:
@@ -112,9 +119,13 @@ class LLM:
             raise ValueError(f"draft: mode {config.mode!r} needs a draft model")
         import torch
 
-        from ssd import _C, models
+        from ssd import _C, _logging, models
+        from ssd.testing.switches import TestingConfig
 
+        if testing is not None and not isinstance(testing, TestingConfig):
+            raise ValueError(f"testing: expected ssd.testing.TestingConfig, got {type(testing).__name__}")
         self.config = config
+        _logging.sync_level()
 
         def load(source):
             # An already loaded model (ssd.models.load with this config's dtype) is reused as is.
@@ -134,7 +145,8 @@ class LLM:
         if self.draft_model is not None:
             draft_core = self.draft_model.core_model()
             self.draft_model.weights.clear()
-        self._engine = _C.Engine(config.to_dict(), core, list(self.model.eos_token_ids), draft_core)
+        self._engine = _C.Engine(config.to_dict(), core, list(self.model.eos_token_ids), draft_core,
+                                 testing.to_dict() if testing is not None else {})
         self._trackers: dict[int, _Tracker] = {}
 
     # ----------------------------------------------------------------- input
@@ -203,7 +215,9 @@ class LLM:
     def _pump(self, timeout: float) -> list[int]:
         """Routes ready responses to their trackers; returns the ids touched."""
         touched = []
-        for r in self._engine.await_responses(timeout):
+        responses = self._engine.await_responses(timeout)
+        _forward_log()
+        for r in responses:
             tracker = self._trackers.get(r["id"])
             if tracker is None or tracker.done:
                 continue
@@ -294,12 +308,15 @@ class LLM:
             self._engine.cancel(rid)
 
     def stats(self) -> dict:
-        return dict(self._engine.stats())
+        stats = dict(self._engine.stats())
+        _forward_log()
+        return stats
 
     def shutdown(self) -> None:
         engine = getattr(self, "_engine", None)
         if engine is not None:
             engine.shutdown()
+            _forward_log()
 
     def __enter__(self):
         return self

@@ -1,4 +1,4 @@
-"""The model's packed matrix kernels (`_C.packed_linear`).
+"""The model's packed matrix kernels (`_C.testing.packed_linear`).
 
 Exact layout: every row is bitwise the same whatever the number of rows, its
 place in the batch and the thread count (what greedy speculative decoding
@@ -36,7 +36,7 @@ def _reference(x, w, bias, round_x):
 @pytest.mark.parametrize("n,k", SHAPES)
 def test_rows_are_batch_invariant_and_accurate(n, k, dtype, pairs):
     x, w, bias = _operands(n, k, max(ROW_COUNTS), dtype, seed=n * 1000 + k)
-    full = _C.packed_linear(x, w, bias, pairs=pairs, threads=1)
+    full = _C.testing.packed_linear(x, w, bias, pairs=pairs, threads=1)
     # Accuracy: exact = fp32 product; pairs = product of bf16 operands.
     wr = w.to(torch.bfloat16) if pairs else w
     ref = _reference(x, wr, bias, round_x=pairs)
@@ -48,14 +48,14 @@ def test_rows_are_batch_invariant_and_accurate(n, k, dtype, pairs):
     for m in ROW_COUNTS:
         rows = torch.randperm(x.shape[0], generator=g)[:m]
         for threads in (1, 2):
-            part = _C.packed_linear(x[rows], w, bias, pairs=pairs, threads=threads)
+            part = _C.testing.packed_linear(x[rows], w, bias, pairs=pairs, threads=threads)
             assert torch.equal(part, full[rows]), (m, threads)
 
 
 def test_pairs_differ_from_exact_for_fp32_weights():
     x, w, bias = _operands(64, 96, 4, torch.float32, seed=3)
-    exact = _C.packed_linear(x, w, bias)
-    pairs = _C.packed_linear(x, w, bias, pairs=True)
+    exact = _C.testing.packed_linear(x, w, bias)
+    pairs = _C.testing.packed_linear(x, w, bias, pairs=True)
     assert not torch.equal(exact, pairs)
     assert torch.allclose(exact, pairs, rtol=0.05, atol=0.05)
 
@@ -63,8 +63,8 @@ def test_pairs_differ_from_exact_for_fp32_weights():
 def test_bias_is_optional_and_added_once():
     x, w, bias = _operands(20, 40, 3, torch.float32, seed=5)
     for pairs in (False, True):
-        with_bias = _C.packed_linear(x, w, bias, pairs=pairs)
-        without = _C.packed_linear(x, w, pairs=pairs)
+        with_bias = _C.testing.packed_linear(x, w, bias, pairs=pairs)
+        without = _C.testing.packed_linear(x, w, pairs=pairs)
         assert torch.allclose(with_bias - without, bias.expand(3, -1), atol=1e-5)
 
 
@@ -74,13 +74,13 @@ def test_non_finite_activation_tails_do_not_leak():
     wide = torch.full((2, 32), float("nan"))
     wide[:, :20] = x
     for pairs in (False, True):
-        ref = _C.packed_linear(x, w, bias, pairs=pairs)
-        got = _C.packed_linear(wide[:, :20], w, bias, pairs=pairs)
+        ref = _C.testing.packed_linear(x, w, bias, pairs=pairs)
+        got = _C.testing.packed_linear(wide[:, :20], w, bias, pairs=pairs)
         assert torch.equal(got, ref)
 
 
 def test_bad_shapes_are_refused():
     with pytest.raises(RuntimeError, match="same k"):
-        _C.packed_linear(torch.zeros(2, 3), torch.zeros(4, 5))
+        _C.testing.packed_linear(torch.zeros(2, 3), torch.zeros(4, 5))
     with pytest.raises(RuntimeError, match="bias must be"):
-        _C.packed_linear(torch.zeros(2, 3), torch.zeros(4, 3), torch.zeros(5))
+        _C.testing.packed_linear(torch.zeros(2, 3), torch.zeros(4, 3), torch.zeros(5))

@@ -6,6 +6,7 @@ import time
 import pytest
 
 from ssd import LLM, SamplingParams
+from ssd.testing import TestingConfig
 from tests.reference import law
 from tests.reference.stats import g_test, samples_for_power
 
@@ -29,7 +30,8 @@ def ar_greedy(pair):
 @pytest.mark.parametrize("variant", ["neural", "fast", "always_miss", "auto", "geometric"])
 def test_greedy_equals_ar(pair, ar_greedy, max_batch, variant):
     target, draft = pair
-    kwargs = {"always_miss": True, "fallback": "neural"} if variant == "always_miss" else {"fallback": variant}
+    kwargs = ({"testing": TestingConfig(always_miss=True), "fallback": "neural"} if variant == "always_miss"
+              else {"fallback": variant})
     if variant == "geometric":  # the default fan-out is "confidence"
         kwargs = {"fanout": "geometric"}
     with LLM(target, draft=draft, mode="ssd", k=3, max_model_len=256, max_batch=max_batch, **kwargs) as ssd:
@@ -139,7 +141,7 @@ def test_shadow_scoring_matches_running_the_fast_fallback(small_pair):
     target, draft = small_pair
     means = {}
     for kind in ("neural", "fast"):
-        with LLM(target, draft=draft, mode="ssd", k=2, max_model_len=64, max_batch=512, always_miss=True,
+        with LLM(target, draft=draft, mode="ssd", k=2, max_model_len=64, max_batch=512, testing=TestingConfig(always_miss=True),
                  fallback=kind) as ssd:
             params = [SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True, seed=500 + i)
                       for i in range(1500)]
@@ -156,10 +158,10 @@ def test_shadow_scoring_matches_running_the_fast_fallback(small_pair):
     assert means["neural"] == pytest.approx(means["fast"], abs=0.05), means
 
 
-def test_broken_fast_fallback_fails_the_law_test(small_pair, monkeypatch):
+def test_broken_fast_fallback_fails_the_law_test(small_pair):
     """Fault injection: fast-fallback proposals verified greedily at temperature 1."""
-    monkeypatch.setenv("SSD_TEST_FAULT", "fast_argmax")
-    outs, stats, laws = run_law(small_pair, 1.0, 0, 1.0, 512, saguaro_c=1.0, fallback="fast")
+    outs, stats, laws = run_law(small_pair, 1.0, 0, 1.0, 512, saguaro_c=1.0, fallback="fast",
+                                testing=TestingConfig(fault_fast_argmax=True))
     assert stats["fallback_fast"] > 0
     counts = law.counts_of(outs, VOCAB, N_TOKENS)
     assert min(g_test(o, e) for o, e in zip(law.views(counts), laws)) < 1e-6

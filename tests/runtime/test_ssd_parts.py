@@ -15,7 +15,7 @@ def geometric_weights(k, a, r):
 @pytest.mark.parametrize("k,budget,a,r", [(4, 8, 0.75, 1.0), (4, 100, 0.5, 0.5), (2, 7, 0.9, 2.0),
                                           (6, 1000, 0.3, 1.0)])
 def test_geometric_fanout_follows_the_formula(k, budget, a, r):
-    f = _C.geometric_fanout(k, budget, a, r)
+    f = _C.testing.geometric_fanout(k, budget, a, r)
     assert len(f) == k + 1 and sum(f) == budget and min(f) >= 0
     # Rounded shares: each F_j within one of its real-valued share of the budget.
     for fj, wj in zip(f, geometric_weights(k, a, r)):
@@ -27,36 +27,36 @@ def test_geometric_fanout_follows_the_formula(k, budget, a, r):
 
 
 def test_geometric_fanout_puts_more_at_k_when_acceptance_is_high():
-    low, high = _C.geometric_fanout(4, 20, 0.3, 1.0), _C.geometric_fanout(4, 20, 0.95, 1.0)
+    low, high = _C.testing.geometric_fanout(4, 20, 0.3, 1.0), _C.testing.geometric_fanout(4, 20, 0.95, 1.0)
     assert high[4] > low[4] and high[0] < low[0]
 
 
 def test_ngram_proposals():
     # The last 3 tokens (7, 8, 9) occurred before, followed by 10, 11.
-    assert _C.ngram_propose([7, 8, 9, 10, 11, 5, 7, 8, 9], 2) == [10, 11]
+    assert _C.testing.ngram_propose([7, 8, 9, 10, 11, 5, 7, 8, 9], 2) == [10, 11]
     # The latest occurrence wins; a match near the end continues into its own proposals.
-    assert _C.ngram_propose([1, 2, 1, 2], 5) == [1, 2, 1, 2, 1]
+    assert _C.testing.ngram_propose([1, 2, 1, 2], 5) == [1, 2, 1, 2, 1]
     # No 3- or 2-gram match: fall back to the last token alone (4 occurred before, then 6).
-    assert _C.ngram_propose([4, 6, 9, 4], 3) == [6, 9, 4]
+    assert _C.testing.ngram_propose([4, 6, 9, 4], 3) == [6, 9, 4]
     # Nothing matches at all: repeat the last token.
-    assert _C.ngram_propose([1, 2, 3], 3) == [3, 3, 3]
-    assert _C.ngram_propose([5], 2) == [5, 5]
+    assert _C.testing.ngram_propose([1, 2, 3], 3) == [3, 3, 3]
+    assert _C.testing.ngram_propose([5], 2) == [5, 5]
 
 
 def test_proposal_emitted_reads_a_proposal_off_the_committed_text():
     text = [5, 6, 7, 8, 9, 10]
     # Proposal made at 2 tokens: [7, 8] agree, 0 != 9, so its round would emit 2 + 1.
-    assert _C.proposal_emitted(text, 2, [7, 8, 0, 1]) == 3
+    assert _C.testing.proposal_emitted(text, 2, [7, 8, 0, 1]) == 3
     # Every proposed token agrees: all of them plus the bonus.
-    assert _C.proposal_emitted(text, 2, [7, 8, 9]) == 4
-    assert _C.proposal_emitted(text, 2, [7, 8, 9, 10]) == 5
+    assert _C.testing.proposal_emitted(text, 2, [7, 8, 9]) == 4
+    assert _C.testing.proposal_emitted(text, 2, [7, 8, 9, 10]) == 5
     # The first token disagrees: only the bonus.
-    assert _C.proposal_emitted(text, 3, [1, 9]) == 1
+    assert _C.testing.proposal_emitted(text, 3, [1, 9]) == 1
     # Undecided while the committed text agrees with all it has.
-    assert _C.proposal_emitted(text, 4, [9, 10, 11]) == -1
-    assert _C.proposal_emitted(text, 6, [1]) == -1
+    assert _C.testing.proposal_emitted(text, 4, [9, 10, 11]) == -1
+    assert _C.testing.proposal_emitted(text, 6, [1]) == -1
     # An empty proposal is decided at once: the bonus alone.
-    assert _C.proposal_emitted(text, 6, []) == 1
+    assert _C.testing.proposal_emitted(text, 6, []) == 1
 
 
 def test_speed_model_formula():
@@ -69,12 +69,47 @@ def test_speed_model_formula():
     assert m["cache_hit_rate"] == pytest.approx(0.6)
     assert m["e_hit"] == pytest.approx(4.0) and m["e_miss"] == pytest.approx(2.0)
     assert m["t_p"] == pytest.approx(1.5) and m["t_b"] == pytest.approx(0.5)
-    # (p E_hit + (1-p) E_miss) / (p max(1, T_p) + (1-p)(1 + T_b))
-    assert m["predicted_speedup"] == pytest.approx((0.6 * 4 + 0.4 * 2) / (0.6 * 1.5 + 0.4 * 1.5))
+    # 12 rounds over 10 verify forwards: batch 1.2, modelled as 1.
+    assert m["mean_batch"] == pytest.approx(1.2)
+    # (p E_hit + (1-p) E_miss) / (p max(1, T_p) + (1-p)(max(1, T_p) + T_b)): a miss waits for the
+    # tree under way (1.5), then for the fallback (0.5).
+    assert m["predicted_speedup"] == pytest.approx((0.6 * 4 + 0.4 * 2) / (0.6 * 1.5 + 0.4 * 2.0))
     assert m["target_busy_fraction"] == pytest.approx(0.75)
     fast_draft = _C.speed_metrics({**counters, "draft_round_seconds": 0.5})  # T_p < 1 costs nothing extra
     assert fast_draft["predicted_speedup"] == pytest.approx((0.6 * 4 + 0.4 * 2) / (0.6 * 1.0 + 0.4 * 1.5))
+    # Batch 4 (40 rounds over 10 forwards): the round is all-hit with 0.6^4 = 0.1296.
+    batched = _C.speed_metrics({**counters, "rounds": 40})
+    assert batched["predicted_speedup"] == pytest.approx((0.6 * 4 + 0.4 * 2) / (0.1296 * 1.5 + 0.8704 * 2.0))
     assert _C.speed_metrics({})["predicted_speedup"] == 0.0
+
+
+def test_round_model_by_mode():
+    ssd = _C.predict_round(p_hit=0.5, e_hit=3.0, e_miss=1.0, t_p=0.8, t_b=0.4, batch=2)
+    assert ssd["p_all_hit"] == pytest.approx(0.25)
+    assert ssd["tokens"] == pytest.approx(2.0)
+    assert ssd["time"] == pytest.approx(0.25 * 1.0 + 0.75 * 1.4)
+    assert ssd["speedup"] == pytest.approx(2.0 / 1.3)
+    # A verify costing 1.25 AR steps scales the speedup over ar down by that much.
+    assert _C.predict_round(p_hit=0.5, e_hit=3.0, e_miss=1.0, t_p=0.8, t_b=0.4, batch=2,
+                            verify_cost=1.25)["speedup"] == pytest.approx(2.0 / 1.3 / 1.25)
+    # sd: K draft steps (T_p) then the verify, every round; no cache, no misses.
+    sd = _C.predict_round(e_hit=3.0, t_p=0.6, overlapped=False)
+    assert (sd["p_all_hit"], sd["time"]) == (1.0, pytest.approx(1.6))
+    assert sd["speedup"] == pytest.approx(3.0 / 1.6)
+    for bad, field in (({"p_hit": 1.5}, "p_hit"), ({"t_p": -1.0}, "t_p"), ({"batch": 0}, "batch"),
+                       ({"verify_cost": 0.0}, "verify_cost")):
+        with pytest.raises(ValueError, match=field):
+            _C.predict_round(**bad)
+
+
+def test_counter_names_are_the_summed_stats():
+    names = _C.counter_names()
+    assert len(names) == len(set(names))
+    for key in ("steps", "rounds", "cache_hits", "verify_seconds", "draft_round_seconds", "kv_commits",
+                "fast_shadow_tokens", "generated_tokens"):
+        assert key in names
+    for gauge in ("peak_batch", "num_running", "fanout", "fanout_budget", "kv_blocks_free"):
+        assert gauge not in names
 
 
 def _outcome_probabilities(proposed, candidates, acceptance):
@@ -115,7 +150,7 @@ def test_confidence_branches_take_the_most_likely_outcomes(seed):
     proposed, candidates = _random_forks(rng, k, listed)
     values = _outcome_probabilities(proposed, candidates, acceptance)
     for budget in (1, 3, 6, 10):
-        got = _C.confidence_branches(proposed, candidates, budget, acceptance)
+        got = _C.testing.confidence_branches(proposed, candidates, budget, acceptance)
         want = sorted(values, key=lambda o: (-values[o], o))[:budget]
         assert [tuple(x) for x in got] == want
         # No split of the budget into per-fork-point top-F_j (the geometric kind) holds more.
@@ -137,7 +172,7 @@ def test_confidence_branch_values_are_outcome_probabilities():
         return 0.1 + 0.85 * p
 
     proposed, candidates = _random_forks(rng, k, listed)
-    chosen = {tuple(x) for x in _C.confidence_branches(proposed, candidates, budget, acceptance)}
+    chosen = {tuple(x) for x in _C.testing.confidence_branches(proposed, candidates, budget, acceptance)}
     predicted = sum(_outcome_probabilities(proposed, candidates, acceptance)[o] for o in chosen)
     hits = 0
     for _ in range(n):
@@ -159,7 +194,7 @@ def test_confidence_branch_values_are_outcome_probabilities():
 def test_calibrated_acceptance_tracks_each_probability_decile():
     # Proposals the draft gave 0.35 are accepted 4 times in 5, those it gave 0.95 once in 5.
     observed = [(0.35, i % 5 != 0) for i in range(1000)] + [(0.95, i % 5 == 0) for i in range(1000)]
-    low, high, unseen = _C.calibrated_acceptance(observed, [0.31, 0.99, 0.6])
+    low, high, unseen = _C.testing.calibrated_acceptance(observed, [0.31, 0.99, 0.6])
     assert low == pytest.approx(0.8, abs=0.02)
     assert high == pytest.approx(0.2, abs=0.02)
     assert unseen == pytest.approx(0.7)  # no outcomes yet: the overall prior

@@ -64,7 +64,7 @@ struct SamplingParams {
 
 /// The one engine configuration (mirrored by ssd.EngineConfig in Python).
 struct EngineConfig {
-  std::string mode = "ar";  ///< "ar" now; "sd" and "ssd" use the draft fields
+  std::string mode = "ar";  ///< "ar", "sd" or "ssd" (the last two use the draft fields)
   int64_t max_model_len = 2048;
   int64_t max_batch = 32;
   int64_t max_batched_tokens = 2048;  ///< token budget of one forward (prefill chunking)
@@ -85,7 +85,6 @@ struct EngineConfig {
   int64_t fanout_budget = 0;           ///< B = sum F_j; 0: auto (the tree fits in one verify)
   double saguaro_c = 1.0;              ///< C of SAGUARO sampling (1: plain sampling)
   std::string fallback = "auto";       ///< on a cache miss: "auto", "neural" or "fast"
-  bool always_miss = false;            ///< testing: every lookup misses (no trees are built)
   /// sd/ssd: draft forwards over at least this many rows (the ssd tree, sd
   /// batches) use the bf16 pair kernels (AVX512-BF16); 0 turns them off.
   int64_t draft_matmul_min_rows = 4;
@@ -93,6 +92,16 @@ struct EngineConfig {
   void validate() const;
   /// Number of KV blocks after resolving kv_capacity_tokens.
   int64_t num_kv_blocks() const;
+};
+
+/// Test-only switches, handed to the Engine explicitly (never read from the
+/// environment, never part of EngineConfig). Each changes the engine on purpose.
+struct TestingConfig {
+  bool always_miss = false;  ///< ssd: every cache lookup misses and no trees are built
+  /// Deliberately wrong: verifies one-hot (fast fallback) proposals greedily
+  /// at any temperature, which breaks the output law; the law tests must
+  /// catch it.
+  bool fault_fast_argmax = false;
 };
 
 }  // namespace ssd

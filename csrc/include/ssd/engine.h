@@ -23,9 +23,11 @@ class Engine {
   /// Starts the engine thread. `eos_token_ids` end a request unless ignore_eos.
   /// `draft` is required by mode "sd" and refused by "ar". Throws
   /// std::invalid_argument for an invalid config or a draft whose vocabulary
-  /// differs from the target's.
+  /// differs from the target's. `testing` holds test-only switches (tests
+  /// and fault injection; a product never sets them).
   Engine(const EngineConfig& config, std::shared_ptr<model::Model> target,
-         std::vector<int32_t> eos_token_ids, std::shared_ptr<model::Model> draft = nullptr);
+         std::vector<int32_t> eos_token_ids, std::shared_ptr<model::Model> draft = nullptr,
+         const TestingConfig& testing = {});
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

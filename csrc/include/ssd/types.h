@@ -1,4 +1,7 @@
-// Request / response types of the embeddable engine API.
+// Request / response types of the embeddable engine API, and the engine's
+// counters. Every counter struct lists its fields once, in fields(): its +=
+// and the Python dicts (and the benchmark's counter deltas) iterate that list,
+// so a new counter is declared and listed here and nowhere else.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +23,46 @@ struct Request {
   SamplingParams params;
 };
 
+/// Adds every listed field of `from` into `to`.
+template <class T>
+T& add_fields(T& to, const T& from) {
+  T::fields([&](const char*, auto member) { to.*member += from.*member; });
+  return to;
+}
+
+/// Counters of speculative rounds (sd, ssd), per request and engine-wide. In
+/// ssd every round after a sequence's first verifies a speculation that came
+/// from a cache lookup: a hit, or a miss answered by a fallback.
+struct SpecCounters {
+  int64_t rounds = 0;
+  int64_t draft_tokens_proposed = 0;
+  int64_t draft_tokens_accepted = 0;
+  int64_t cache_lookups = 0;
+  int64_t cache_hits = 0;
+  int64_t fallback_neural = 0;       ///< misses answered by the neural fallback
+  int64_t fallback_fast = 0;         ///< ... by the fast (n-gram) fallback
+  int64_t hit_tokens = 0;            ///< tokens emitted by rounds verifying a cache hit
+  int64_t miss_tokens = 0;           ///< ... verifying a fallback's speculation
+  int64_t fast_tokens_proposed = 0;  ///< draft tokens proposed by the fast fallback
+  int64_t fast_tokens_accepted = 0;
+
+  template <class F>
+  static void fields(F&& f) {
+    f("rounds", &SpecCounters::rounds);
+    f("draft_tokens_proposed", &SpecCounters::draft_tokens_proposed);
+    f("draft_tokens_accepted", &SpecCounters::draft_tokens_accepted);
+    f("cache_lookups", &SpecCounters::cache_lookups);
+    f("cache_hits", &SpecCounters::cache_hits);
+    f("fallback_neural", &SpecCounters::fallback_neural);
+    f("fallback_fast", &SpecCounters::fallback_fast);
+    f("hit_tokens", &SpecCounters::hit_tokens);
+    f("miss_tokens", &SpecCounters::miss_tokens);
+    f("fast_tokens_proposed", &SpecCounters::fast_tokens_proposed);
+    f("fast_tokens_accepted", &SpecCounters::fast_tokens_accepted);
+  }
+  SpecCounters& operator+=(const SpecCounters& o) { return add_fields(*this, o); }
+};
+
 /// Per-request measurements; times in seconds since the request was enqueued.
 struct RequestMetrics {
   int64_t prompt_tokens = 0;
@@ -28,19 +71,17 @@ struct RequestMetrics {
   double time_to_first_token = 0.0;
   double finish_time = 0.0;
   uint64_t seed = 0;  ///< the seed the request's random streams were keyed by
-  int64_t rounds = 0;  ///< speculative rounds (sd, ssd)
-  int64_t draft_tokens_proposed = 0;
-  int64_t draft_tokens_accepted = 0;
-  // ssd: every round after a sequence's first verifies a speculation that
-  // came from a cache lookup: a hit, or a miss answered by a fallback.
-  int64_t cache_lookups = 0;
-  int64_t cache_hits = 0;
-  int64_t fallback_neural = 0;
-  int64_t fallback_fast = 0;
-  int64_t hit_tokens = 0;   ///< tokens emitted by rounds verifying a cache hit
-  int64_t miss_tokens = 0;  ///< ... verifying a fallback's speculation
-  int64_t fast_tokens_proposed = 0;  ///< draft tokens proposed by the fast (n-gram) fallback
-  int64_t fast_tokens_accepted = 0;
+  SpecCounters spec;
+
+  template <class F>
+  static void fields(F&& f) {
+    f("prompt_tokens", &RequestMetrics::prompt_tokens);
+    f("generated_tokens", &RequestMetrics::generated_tokens);
+    f("num_preemptions", &RequestMetrics::num_preemptions);
+    f("time_to_first_token", &RequestMetrics::time_to_first_token);
+    f("finish_time", &RequestMetrics::finish_time);
+    f("seed", &RequestMetrics::seed);
+  }
 };
 
 /// A batch of new tokens for one request; the last response of a request has
@@ -54,81 +95,114 @@ struct Response {
   RequestMetrics metrics;
 };
 
-/// Engine-wide counters.
-struct EngineStats {
+/// The engine thread's counters and times (seconds, summed). verify: target
+/// forwards that verify speculations; active: the engine thread busy with
+/// work; target_wait: the target idle, waiting for the ssd draft worker.
+struct StepCounters {
   int64_t steps = 0;
   int64_t forward_tokens = 0;
   int64_t generated_tokens = 0;
+  int64_t num_finished = 0;
+  int64_t verify_steps = 0;
+  double forward_seconds = 0.0;
+  double verify_seconds = 0.0;
+  double active_seconds = 0.0;
+  double target_wait_seconds = 0.0;
+
+  template <class F>
+  static void fields(F&& f) {
+    f("steps", &StepCounters::steps);
+    f("forward_tokens", &StepCounters::forward_tokens);
+    f("generated_tokens", &StepCounters::generated_tokens);
+    f("num_finished", &StepCounters::num_finished);
+    f("verify_steps", &StepCounters::verify_steps);
+    f("forward_seconds", &StepCounters::forward_seconds);
+    f("verify_seconds", &StepCounters::verify_seconds);
+    f("active_seconds", &StepCounters::active_seconds);
+    f("target_wait_seconds", &StepCounters::target_wait_seconds);
+  }
+  StepCounters& operator+=(const StepCounters& o) { return add_fields(*this, o); }
+};
+
+/// The ssd draft worker's counters and times (seconds, summed). Shadow
+/// rounds: n-gram proposals made beside each neural fallback and scored
+/// against the committed text (the tokens their rounds would have emitted).
+struct DraftCounters {
+  int64_t draft_rounds = 0;       ///< trees built (fork points + tree decode)
+  int64_t tree_branches = 0;      ///< branches tree-decoded
+  int64_t kv_commits = 0;         ///< hits whose branch KV moved into the sequence
+  int64_t fallback_batches = 0;
+  int64_t fast_shadow_rounds = 0;
+  int64_t fast_shadow_tokens = 0;
+  double draft_round_seconds = 0.0;
+  double fallback_seconds = 0.0;
+
+  template <class F>
+  static void fields(F&& f) {
+    f("draft_rounds", &DraftCounters::draft_rounds);
+    f("tree_branches", &DraftCounters::tree_branches);
+    f("kv_commits", &DraftCounters::kv_commits);
+    f("fallback_batches", &DraftCounters::fallback_batches);
+    f("fast_shadow_rounds", &DraftCounters::fast_shadow_rounds);
+    f("fast_shadow_tokens", &DraftCounters::fast_shadow_tokens);
+    f("draft_round_seconds", &DraftCounters::draft_round_seconds);
+    f("fallback_seconds", &DraftCounters::fallback_seconds);
+  }
+  DraftCounters& operator+=(const DraftCounters& o) { return add_fields(*this, o); }
+};
+
+/// The ssd draft worker's current plan and estimates (values now, not sums).
+struct DraftGauges {
+  int64_t fanout_budget = 0;         ///< the current budget B
+  std::vector<int64_t> fanout;       ///< the current F_0..F_K (confidence: the last tree's branches per fork point)
+  double acceptance_estimate = 0.0;  ///< the planner's online a_p
+  double miss_exponent = 0.0;        ///< the planner's online r
+  /// The "auto" fallback's estimates of tokens per round verifying each kind's proposals.
+  double fallback_neural_estimate = 0.0;
+  double fallback_fast_estimate = 0.0;
+
+  template <class F>
+  static void fields(F&& f) {
+    f("fanout_budget", &DraftGauges::fanout_budget);
+    f("fanout", &DraftGauges::fanout);
+    f("acceptance_estimate", &DraftGauges::acceptance_estimate);
+    f("miss_exponent", &DraftGauges::miss_exponent);
+    f("fallback_neural_estimate", &DraftGauges::fallback_neural_estimate);
+    f("fallback_fast_estimate", &DraftGauges::fallback_fast_estimate);
+  }
+};
+
+/// The engine's state now (values, not sums).
+struct EngineGauges {
   int64_t peak_batch = 0;
   int64_t num_preemptions = 0;
-  int64_t num_finished = 0;
   int64_t num_running = 0;
   int64_t num_waiting = 0;
   int64_t kv_blocks_total = 0;
   int64_t kv_blocks_free = 0;
-  double forward_seconds = 0.0;
-  int64_t rounds = 0;
-  int64_t draft_tokens_proposed = 0;
-  int64_t draft_tokens_accepted = 0;
-  // ssd counters (see RequestMetrics).
-  int64_t cache_lookups = 0;
-  int64_t cache_hits = 0;
-  int64_t fallback_neural = 0;
-  int64_t fallback_fast = 0;
-  int64_t hit_tokens = 0;
-  int64_t miss_tokens = 0;
-  int64_t fast_tokens_proposed = 0;
-  int64_t fast_tokens_accepted = 0;
   /// What a uniformly random one-hot proposal would be accepted with:
   /// E_x~U[p(x)] = 1 / vocab at any temperature (the fast fallback's baseline).
   double random_token_acceptance = 0.0;
-  int64_t kv_commits = 0;       ///< hits whose branch KV was moved into the sequence
-  int64_t tree_branches = 0;    ///< branches tree-decoded, all rounds
-  int64_t fanout_budget = 0;    ///< the current budget B
-  std::vector<int64_t> fanout;  ///< the current F_0..F_K
-  double acceptance_estimate = 0.0;  ///< the planner's online a_p
-  double miss_exponent = 0.0;        ///< the planner's online r
-  // Times (seconds, summed). verify: target forwards that verify speculations.
-  int64_t verify_steps = 0;
-  double verify_seconds = 0.0;
-  double active_seconds = 0.0;       ///< engine thread busy with work (not idle)
-  double target_wait_seconds = 0.0;  ///< target idle, waiting for the draft worker
-  int64_t draft_rounds = 0;
-  double draft_round_seconds = 0.0;  ///< draft worker: fork points + tree decode
-  int64_t fallback_batches = 0;
-  double fallback_seconds = 0.0;
-  // The "auto" fallback's estimates of tokens per round verifying each kind's
-  // proposals. Shadow rounds: n-gram proposals made beside each neural
-  // fallback and scored against the committed text (the tokens their rounds
-  // would have emitted, summed in fast_shadow_tokens; see DraftWorker).
-  double fallback_neural_estimate = 0.0;
-  double fallback_fast_estimate = 0.0;
-  int64_t fast_shadow_rounds = 0;
-  int64_t fast_shadow_tokens = 0;
+
+  template <class F>
+  static void fields(F&& f) {
+    f("peak_batch", &EngineGauges::peak_batch);
+    f("num_preemptions", &EngineGauges::num_preemptions);
+    f("num_running", &EngineGauges::num_running);
+    f("num_waiting", &EngineGauges::num_waiting);
+    f("kv_blocks_total", &EngineGauges::kv_blocks_total);
+    f("kv_blocks_free", &EngineGauges::kv_blocks_free);
+    f("random_token_acceptance", &EngineGauges::random_token_acceptance);
+  }
 };
 
-/// The speed model's quantities, defined once for the engine and per request.
-/// Times are relative to one verify forward.
-struct SpeedMetrics {
-  double acceptance_rate = 0.0;    ///< accepted / proposed draft tokens
-  double mean_accepted_len = 0.0;  ///< accepted draft tokens per round
-  double tokens_per_round = 0.0;
-  double cache_hit_rate = 0.0;     ///< rounds whose outcome was in the cache / lookups
-  double fast_acceptance_rate = 0.0;  ///< acceptance of the fast fallback's proposals
-  double e_hit = 0.0;              ///< tokens per round on hits
-  double e_miss = 0.0;             ///< tokens per round on misses
-  double t_p = 0.0;                ///< draft round time / verify time
-  double t_b = 0.0;                ///< fallback time / verify time
-  /// (p E_hit + (1-p) E_miss) / (p max(1, T_p) + (1-p)(1 + T_b)); 0 without data.
-  double predicted_speedup = 0.0;
-  double target_busy_fraction = 0.0;  ///< target forward time / active time
+/// Engine-wide statistics: sums (steps, spec, draft) and values now (the gauges).
+struct EngineStats {
+  StepCounters steps;
+  SpecCounters spec;
+  DraftCounters draft;
+  EngineGauges engine;
+  DraftGauges plan;
 };
-
-/// Speed model of a whole run (engine-wide counters and times).
-SpeedMetrics speed_metrics(const EngineStats& stats);
-/// Counting metrics of one request (its times are engine-wide, so no T_p/T_b).
-SpeedMetrics speed_metrics(const RequestMetrics& metrics);
-/// The speed model's prediction of the speedup over autoregressive decoding.
-double predicted_speedup(double p_hit, double e_hit, double e_miss, double t_p, double t_b);
 
 }  // namespace ssd

@@ -2,9 +2,11 @@
 
 ``regime_pair(acceptance, cost_ratio)``: a constructed draft/target pair from
 SmolLM2-135M-Instruct with the paper's acceptance and cost structure.
+``TestingConfig``: the engine's test-only switches (``LLM(..., testing=...)``).
 """
 from .regime import (RegimePair, agreement_text, calibration_prompts, chat_samples,
                      coherence_measure, regime_pair, top1_agreement)
+from .switches import TestingConfig
 
-__all__ = ["RegimePair", "agreement_text", "calibration_prompts", "chat_samples",
+__all__ = ["RegimePair", "TestingConfig", "agreement_text", "calibration_prompts", "chat_samples",
            "coherence_measure", "regime_pair", "top1_agreement"]

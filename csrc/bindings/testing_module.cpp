@@ -1,0 +1,124 @@
+// ssd._C.testing: the core's pieces bound one by one for the tests (kernels
+// through the model's packed layouts, the fan-out planner, the n-gram
+// fallback, keyed randomness). Not a product API.
+#include <torch/extension.h>
+
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
+
+#include "../kernels/cpu/linear.h"
+#include "../kernels/cpu/ops.h"
+#include "../kernels/cpu/sampling.h"
+#include "../runtime/fanout.h"
+#include "../runtime/ngram.h"
+
+namespace py = pybind11;
+
+namespace ssd {
+
+void bind_testing(py::module_ m) {
+  m.def("geometric_fanout", &runtime::geometric_fanout, py::arg("k"), py::arg("budget"),
+        py::arg("acceptance"), py::arg("miss_exponent"));
+  m.def(
+      "confidence_branches",
+      [](const std::vector<double>& proposed, const std::vector<std::vector<float>>& candidates, int64_t budget,
+         const std::function<double(double)>& acceptance) {
+        if (proposed.size() != candidates.size() || proposed.empty())
+          throw std::invalid_argument("confidence_branches: one proposed probability and one candidate list "
+                                      "per fork point (K + 1 of each)");
+        std::vector<runtime::ForkPoint> forks(proposed.size());
+        for (size_t j = 0; j < forks.size(); ++j) forks[j] = {proposed[j], candidates[j]};
+        return runtime::confidence_branches(forks, budget, acceptance);
+      },
+      py::arg("proposed"), py::arg("candidates"), py::arg("budget"), py::arg("acceptance"),
+      "The budget's (fork point, candidate index) pairs most likely to be the outcome, best first.");
+  m.def(
+      "calibrated_acceptance",
+      [](const std::vector<std::pair<double, bool>>& observed, const std::vector<double>& query) {
+        runtime::FanoutPlanner planner(1, {}, 1, 1);
+        for (const auto& [p, accepted] : observed) planner.observe_proposal(p, accepted);
+        std::vector<double> out;
+        for (double p : query) out.push_back(planner.proposal_acceptance(p));
+        return out;
+      },
+      py::arg("observed"), py::arg("query"),
+      "The confidence fan-out's acceptance estimates at `query` after (probability, accepted) observations.");
+  m.def(
+      "sum_exp",
+      [](const at::Tensor& x, double shift) {
+        TORCH_CHECK(x.dim() == 1 && x.scalar_type() == at::kFloat, "x must be a 1-D float32 tensor");
+        const at::Tensor c = x.contiguous();
+        return kernels::sum_exp(c.data_ptr<float>(), c.numel(), static_cast<float>(shift));
+      },
+      py::arg("x"), py::arg("shift"), "sum(exp(x - shift)), the draft's softmax normalizer.");
+  m.def("ngram_propose", &runtime::ngram_propose, py::arg("tokens"), py::arg("k"), py::arg("max_n") = 3);
+  m.def("proposal_emitted", &runtime::proposal_emitted, py::arg("text"), py::arg("at"), py::arg("proposal"));
+  m.def("process_logits",
+        [](const at::Tensor& logits, double temperature, int64_t top_k, double top_p) {
+          at::Tensor x = logits.to(at::kFloat).contiguous();
+          TORCH_CHECK(x.dim() == 1, "logits must be 1-D [vocab]");
+          at::Tensor probs = at::empty_like(x);
+          kernels::LogitsScratch scratch;
+          kernels::process_logits(x.data_ptr<float>(), x.numel(), {temperature, top_k, top_p},
+                                  probs.data_ptr<float>(), scratch);
+          return probs;
+        },
+        py::arg("logits"), py::arg("temperature"), py::arg("top_k") = 0, py::arg("top_p") = 1.0,
+        "logits: [vocab] -> processed probabilities [vocab] (temperature, top-k, top-p).");
+  m.def(
+      "silu_mul",
+      [](const at::Tensor& gu) {
+        TORCH_CHECK(gu.dim() == 2 && gu.size(1) % 2 == 0, "gu must be [rows, 2n]");
+        const at::Tensor x = gu.to(at::kFloat).contiguous();
+        const int64_t rows = x.size(0), n = x.size(1) / 2;
+        at::Tensor out = at::empty({rows, n}, at::kFloat);
+        kernels::silu_mul(x.data_ptr<float>(), out.data_ptr<float>(), rows, n);
+        return out;
+      },
+      py::arg("gu"), "The model's MLP activation: silu(gu[:, :n]) * gu[:, n:].");
+  m.def("packed_linear",
+        [](const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, bool pairs,
+           int64_t threads) {
+          TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1),
+                      "x must be [m, k] and w [n, k] with the same k");
+          TORCH_CHECK(w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16,
+                      "w must be float32 or bfloat16");
+          // Rows may be strided (as the model's are): the kernels read k columns of each.
+          const at::Tensor xs = x.scalar_type() == at::kFloat && x.stride(1) == 1 ? x : x.to(at::kFloat).contiguous();
+          const int64_t m = x.size(0), n = w.size(0), k = w.size(1), ldx = xs.stride(0);
+          at::Tensor b;
+          if (bias.has_value()) {
+            b = bias->to(at::kFloat).contiguous();
+            TORCH_CHECK(b.dim() == 1 && b.size(0) == n, "bias must be [n]");
+          }
+          const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+          at::Tensor y = at::empty({m, n}, at::kFloat);
+          kernels::ThreadPool pool(threads);
+          const bool bf16 = w.scalar_type() == at::kBFloat16;
+          const at::Tensor dense = w.contiguous();
+          at::Tensor packed = at::empty({kernels::packed_size(n, k)}, w.scalar_type());
+          std::vector<uint16_t> pair_w;
+          if (pairs) pair_w.resize(static_cast<size_t>(kernels::pair_packed_size(n, k)));
+          if (bf16) {
+            auto* pw = reinterpret_cast<uint16_t*>(packed.data_ptr<at::BFloat16>());
+            kernels::pack(reinterpret_cast<const uint16_t*>(dense.data_ptr<at::BFloat16>()), n, k, pw);
+            if (pairs) kernels::pack_pairs(pw, n, k, pair_w.data());
+            else kernels::linear(xs.data_ptr<float>(), ldx, pw, bp, y.data_ptr<float>(), n, m, n, k, pool);
+          } else {
+            kernels::pack(dense.data_ptr<float>(), n, k, packed.data_ptr<float>());
+            if (pairs) kernels::pack_pairs(packed.data_ptr<float>(), n, k, pair_w.data());
+            else kernels::linear(xs.data_ptr<float>(), ldx, packed.data_ptr<float>(), bp, y.data_ptr<float>(), n, m, n, k, pool);
+          }
+          if (pairs) kernels::linear_pairs(xs.data_ptr<float>(), ldx, pair_w.data(), bp, y.data_ptr<float>(), n, m, n, k, pool);
+          return y;
+        },
+        py::arg("x"), py::arg("w"), py::arg("bias") = py::none(), py::arg("pairs") = false, py::arg("threads") = 1,
+        "y = x @ w.T (+ bias) through the model's packed kernels: the exact layout (fp32 "
+        "activations, batch invariant) or, with pairs=True, the draft's bf16 pair kernels.");
+  m.def("pairs_native", &kernels::pairs_native, "Whether the bf16 pair kernels use AVX512-BF16 instructions.");
+  m.def("keyed_uniform", [](uint64_t seed, uint64_t position, uint64_t purpose) {
+    return kernels::keyed_uniform(seed, position, static_cast<kernels::RandomPurpose>(purpose));
+  });
+}
+
+}  // namespace ssd

@@ -1,0 +1,34 @@
+"""The C++ core's log records, forwarded to the ``ssd`` logger.
+
+The core queues its records (decisions it makes on its own: fallback
+switches, partial speculation trees, fan-out budget changes, preemptions);
+``LLM`` forwards them from its own thread whenever it talks to the engine, so
+no engine thread ever waits for the GIL. Silent by default: the ``ssd``
+logger has a NullHandler, and the core drops records below the logger's
+effective level before formatting them. To see the decisions:
+
+    logging.basicConfig()
+    logging.getLogger("ssd").setLevel(logging.INFO)
+"""
+from __future__ import annotations
+
+import logging
+
+LOGGER = logging.getLogger("ssd")
+LOGGER.addHandler(logging.NullHandler())
+
+
+def sync_level() -> None:
+    """Tells the core the ``ssd`` logger's effective level."""
+    from ssd import _C
+
+    _C.set_log_level(LOGGER.getEffectiveLevel())
+
+
+def forward() -> None:
+    """Hands the core's queued records to the ``ssd`` logger, then re-syncs the level."""
+    from ssd import _C
+
+    for level, message in _C.drain_log():
+        LOGGER.log(level, message)
+    sync_level()
