@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "ssd/log.h"
+
 namespace ssd::runtime {
 
 void Scheduler::remove(Sequence* seq) {
@@ -16,8 +18,6 @@ void Scheduler::remove(Sequence* seq) {
 void Scheduler::release(Sequence* seq) {
   cache_.truncate(seq->table, 0);
   seq->num_computed = 0;
-  if (draft_cache_ != nullptr) draft_cache_->truncate(seq->draft_table, 0);
-  seq->draft_computed = 0;
 }
 
 void Scheduler::preempt(Sequence* seq) {
@@ -27,6 +27,8 @@ void Scheduler::preempt(Sequence* seq) {
   num_preemptions_ += 1;
   waiting_.push_front(seq);
   preempted_.push_back(seq);
+  SSD_LOG_INFO("preempted request " << seq->id << " (" << seq->len() << " tokens) for want of KV blocks; "
+                                    << cache_.num_free_blocks() << " of " << cache_.num_blocks() << " blocks free");
 }
 
 int64_t Scheduler::room(const Sequence* seq) const {

@@ -28,10 +28,6 @@ struct Sequence {
   int64_t prompt_len = 0;
   int64_t num_computed = 0;     ///< tokens whose KV is in the cache
   model::BlockTable table;
-  model::BlockTable draft_table;  ///< speculative modes: the draft model's KV
-  int64_t draft_computed = 0;
-  uint64_t spec_epoch = 0;     ///< ssd: increases each time the draft worker is (re)told of it
-  bool spec_started = false;   ///< ssd: the draft worker knows this life of the sequence
   RequestMetrics metrics;
   Clock::time_point enqueued;
 
@@ -61,11 +57,10 @@ struct ScheduleResult {
 class Scheduler {
  public:
   /// lookahead > 0 (speculative modes): prefill stops one token short of the
-  /// end, and decode steps reserve room for lookahead extra tokens. A draft
-  /// cache, when given, is released together with the target's.
-  Scheduler(const EngineConfig& config, model::KvCache& cache, int64_t lookahead = 0,
-            model::KvCache* draft_cache = nullptr)
-      : config_(config), cache_(cache), lookahead_(lookahead), draft_cache_(draft_cache) {}
+  /// end, and decode steps reserve room for lookahead extra tokens. The
+  /// speculator frees a preempted sequence's draft state (ScheduleResult::preempted).
+  Scheduler(const EngineConfig& config, model::KvCache& cache, int64_t lookahead = 0)
+      : config_(config), cache_(cache), lookahead_(lookahead) {}
 
   void add(Sequence* seq) { waiting_.push_back(seq); }
   /// Removes a sequence from the queues and frees its blocks.
@@ -100,7 +95,6 @@ class Scheduler {
   const EngineConfig& config_;
   model::KvCache& cache_;
   int64_t lookahead_;
-  model::KvCache* draft_cache_;
   std::deque<Sequence*> running_;
   std::deque<Sequence*> waiting_;
   int64_t num_preemptions_ = 0;

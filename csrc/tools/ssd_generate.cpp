@@ -22,6 +22,7 @@
 #include "../model/checkpoint.h"
 #include "../model/model.h"
 #include "ssd/engine.h"
+#include "ssd/log.h"
 #include "ssd/speed_model.h"
 
 namespace {
@@ -44,6 +45,7 @@ constexpr const char* kUsage =
     "  --saguaro-c C          ssd SAGUARO sampling C in [0, 1] (default 1)\n"
     "  --fallback auto|neural|fast  ssd speculator on a cache miss (default auto)\n"
     "  --stats                print the engine's speed metrics to stderr\n"
+    "  --log-level debug|info|warning  print the engine's decisions at this level to stderr (default: none)\n"
     "  --draft-threads N      CPU threads of the draft's forward (default 1)\n"
     "  --max-tokens N         tokens to generate per prompt (default 16)\n"
     "  --temperature T        0 is greedy (default 1.0)\n"
@@ -121,6 +123,13 @@ void apply_option(Options& o, const std::string& flag, const std::string& value)
     o.engine.saguaro_c = parse_number<double>(flag, value);
   } else if (flag == "--fallback") {
     o.engine.fallback = value;
+  } else if (flag == "--log-level") {
+    const std::map<std::string, ssd::log::Level> levels = {
+        {"debug", ssd::log::Level::kDebug}, {"info", ssd::log::Level::kInfo}, {"warning", ssd::log::Level::kWarning}};
+    const auto it = levels.find(value);
+    if (it == levels.end()) throw UsageError("--log-level: must be debug, info or warning, got '" + value + "'");
+    ssd::log::set_level(it->second);
+    ssd::log::set_sink([](const ssd::log::Record& r) { std::cerr << "ssd: " << r.message << "\n"; });
   } else if (flag == "--draft-threads") {
     o.engine.draft_threads = parse_number<int64_t>(flag, value);
   } else if (flag == "--max-tokens") {

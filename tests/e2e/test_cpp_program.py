@@ -152,6 +152,20 @@ def test_program_runs_ssd_like_llm(program, models, sampling):
     assert "cache_hit_rate=" in proc.stderr and "predicted_speedup=" in proc.stderr
 
 
+def test_program_logs_its_decisions_when_asked(program, models):
+    """--log-level info prints the engine's decisions (here the auto fallback's first choice)."""
+    target, draft = models["llama"], models["llama-sharded"]
+    args = [str(target), "--mode", "ssd", "--draft", str(draft), "--k", "3", "--fallback", "auto", "--stats",
+            "--max-tokens", "24", "--temperature", "0"]
+    quiet = run_program(program, *args)
+    loud = run_program(program, *args, "--log-level", "info")
+    assert quiet.returncode == 0 and loud.returncode == 0, loud.stderr
+    assert "ssd: " not in quiet.stderr
+    misses = int(loud.stderr.split("fallback_fast=")[1].split()[0])
+    assert misses > 0, loud.stderr
+    assert "ssd: ssd fallback: fast (n-gram)" in loud.stderr
+
+
 def test_program_rejects_bad_ssd_options(program, models):
     target, draft = models["llama"], models["llama-sharded"]
     for extra, message in [(["--fanout", "1,x"], "--fanout"), (["--fanout", "1,1"], "fanout: an explicit fan-out"),
@@ -321,6 +335,7 @@ BAD_ARGS = {
     "exceeds-model-positions": (["{model}", "--max-model-len", "4096", "--", "1"], "max_position_embeddings"),
     "prompt-too-long": (["{model}", "--max-model-len", "4", "--", "1", "2", "3", "4"], "max_model_len"),
     "draft-mode": (["{model}", "--mode", "sd", "--", "1"], "mode"),
+    "bad-log-level": (["{model}", "--log-level", "loud", "--", "1"], "--log-level: must be debug, info or warning"),
 }
 
 

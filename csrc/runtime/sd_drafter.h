@@ -1,9 +1,11 @@
-// The neural draft of the speculative modes: its own model, KV cache and
-// threads. For each sequence it catches up on the tokens it has not seen and
-// drafts up to k tokens, keeping the exact rows it sampled from (the verifier
-// uses them as q; they are never recomputed).
+// The draft of mode "sd": its own model, KV cache and threads, run on the
+// engine thread before each verify. For each sequence it catches up on the
+// tokens it has not seen and drafts up to K tokens, keeping the exact rows it
+// sampled from (the verifier uses them as q; they are never recomputed). The
+// draft's KV state of each sequence lives here, not in the Sequence.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -15,20 +17,18 @@
 namespace ssd::runtime {
 
 struct DraftBatch {
-  int64_t k = 0;                ///< proposal slots per row (the largest count)
+  int64_t slots = 0;            ///< proposal slots per row (the largest count)
   std::vector<int64_t> counts;  ///< [B] proposals actually drafted per row
-  std::vector<int64_t> tokens;  ///< [B, k]
-  std::vector<float> q;         ///< [B, k, vocab]
+  std::vector<int64_t> tokens;  ///< [B, slots]
+  std::vector<float> q;         ///< [B, slots, vocab]
 };
 
-class Drafter {
+class SdDrafter {
  public:
   /// Forwards over at least matmul_min_rows tokens use the draft's bf16 pair
   /// kernels (model::ForwardInput::matmul_min_rows; 0: never).
-  Drafter(std::shared_ptr<model::Model> model, int64_t num_blocks, int64_t block_size,
-          int64_t threads, int64_t matmul_min_rows = 0);
-
-  model::KvCache& cache() { return *cache_; }
+  SdDrafter(std::shared_ptr<model::Model> model, int64_t num_blocks, int64_t block_size, int64_t threads,
+            int64_t matmul_min_rows = 0);
 
   /// Drafts counts[b] tokens after the last token of seqs[b]. Each sequence's
   /// last token sits at position len - 1; draft token i (1-based) is sampled
@@ -36,15 +36,23 @@ class Drafter {
   DraftBatch draft(const std::vector<Sequence*>& seqs, const std::vector<int64_t>& counts);
 
   /// After verification: keeps the draft KV of the first keep_tokens positions.
-  void commit(Sequence* seq, int64_t keep_tokens);
+  void commit(RequestId id, int64_t keep_tokens);
+  /// Frees the sequence's draft KV (it finished or was preempted).
+  void release(RequestId id);
 
  private:
+  struct DraftKv {
+    model::BlockTable table;
+    int64_t computed = 0;  ///< positions whose draft KV is in the cache
+  };
+
   model::ForwardInput step_input(const std::vector<Sequence*>& seqs, const DraftBatch& batch,
                                  int64_t step, std::vector<int64_t>& rows);
   void sample(const std::vector<Sequence*>& seqs, const std::vector<int64_t>& rows,
               const at::Tensor& logits, int64_t step, DraftBatch& batch);
 
   std::shared_ptr<model::Model> model_;
+  std::map<RequestId, DraftKv> kv_;
   std::unique_ptr<model::KvCache> cache_;
   std::unique_ptr<kernels::ThreadPool> pool_;
   int64_t matmul_min_rows_ = 0;

@@ -1,4 +1,4 @@
-#include "drafter.h"
+#include "sd_drafter.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -7,14 +7,14 @@
 
 namespace ssd::runtime {
 
-Drafter::Drafter(std::shared_ptr<model::Model> model, int64_t num_blocks, int64_t block_size,
-                 int64_t threads, int64_t matmul_min_rows)
+SdDrafter::SdDrafter(std::shared_ptr<model::Model> model, int64_t num_blocks, int64_t block_size,
+                     int64_t threads, int64_t matmul_min_rows)
     : model_(std::move(model)),
       cache_(std::make_unique<model::KvCache>(model_->config(), num_blocks, block_size)),
       pool_(std::make_unique<kernels::ThreadPool>(threads)),
       matmul_min_rows_(matmul_min_rows) {}
 
-model::ForwardInput Drafter::step_input(const std::vector<Sequence*>& seqs, const DraftBatch& batch,
+model::ForwardInput SdDrafter::step_input(const std::vector<Sequence*>& seqs, const DraftBatch& batch,
                                         int64_t step, std::vector<int64_t>& rows) {
   model::ForwardInput in;
   in.matmul_min_rows = matmul_min_rows_;
@@ -23,22 +23,22 @@ model::ForwardInput Drafter::step_input(const std::vector<Sequence*>& seqs, cons
   for (size_t b = 0; b < seqs.size(); ++b) {
     if (batch.counts[b] <= step) continue;
     Sequence* seq = seqs[b];
+    DraftKv& kv = kv_[seq->id];
     const int64_t base = seq->len() - 1;  // position of the last real token
     // Step 0 feeds every token the draft has not seen; later steps the previous draft token.
-    const int64_t begin = step == 0 ? seq->draft_computed : base + step;
+    const int64_t begin = step == 0 ? kv.computed : base + step;
     const int64_t end = base + step + 1;
-    if (!cache_->reserve(seq->draft_table, end))
-      throw std::runtime_error("draft KV cache is full");
+    if (!cache_->reserve(kv.table, end)) throw std::runtime_error("draft KV cache is full");
     for (int64_t pos = begin; pos < end; ++pos) {
       const int32_t token = pos <= base ? seq->tokens[pos]
-                                        : static_cast<int32_t>(batch.tokens[b * batch.k + (pos - base - 1)]);
+                                        : static_cast<int32_t>(batch.tokens[b * batch.slots + (pos - base - 1)]);
       in.tokens.push_back(token);
       in.positions.push_back(static_cast<int32_t>(pos));
       in.seq_of_token.push_back(static_cast<int32_t>(tables.size()));
     }
     in.logit_rows.push_back(static_cast<int32_t>(in.tokens.size() - 1));
-    seq->draft_computed = end;
-    tables.push_back(&seq->draft_table);
+    kv.computed = end;
+    tables.push_back(&kv.table);
     rows.push_back(static_cast<int64_t>(b));
   }
   for (const auto* t : tables) in.max_blocks = std::max<int64_t>(in.max_blocks, static_cast<int64_t>(t->blocks.size()));
@@ -49,28 +49,28 @@ model::ForwardInput Drafter::step_input(const std::vector<Sequence*>& seqs, cons
   return in;
 }
 
-void Drafter::sample(const std::vector<Sequence*>& seqs, const std::vector<int64_t>& rows,
+void SdDrafter::sample(const std::vector<Sequence*>& seqs, const std::vector<int64_t>& rows,
                      const at::Tensor& logits, int64_t step, DraftBatch& batch) {
   const int64_t vocab = model_->config().vocab_size;
   DraftRows draw(vocab);
   for (int64_t b : rows) draw.add(seqs[b]->params, seqs[b]->seed, seqs[b]->len() + step, 0, 1.0);
   draw.sample(logits.data_ptr<float>());
   for (size_t r = 0; r < rows.size(); ++r) {
-    const int64_t slot = rows[r] * batch.k + step;
+    const int64_t slot = rows[r] * batch.slots + step;
     batch.tokens[slot] = draw.tokens[r];
     std::copy(draw.probs.begin() + r * vocab, draw.probs.begin() + (r + 1) * vocab, batch.q.begin() + slot * vocab);
   }
 }
 
-DraftBatch Drafter::draft(const std::vector<Sequence*>& seqs, const std::vector<int64_t>& counts) {
+DraftBatch SdDrafter::draft(const std::vector<Sequence*>& seqs, const std::vector<int64_t>& counts) {
   DraftBatch batch;
   batch.counts = counts;
-  batch.k = counts.empty() ? 0 : *std::max_element(counts.begin(), counts.end());
+  batch.slots = counts.empty() ? 0 : *std::max_element(counts.begin(), counts.end());
   const int64_t vocab = model_->config().vocab_size;
-  batch.tokens.assign(seqs.size() * static_cast<size_t>(batch.k), 0);
-  batch.q.assign(seqs.size() * static_cast<size_t>(batch.k * vocab), 0.0f);
+  batch.tokens.assign(seqs.size() * static_cast<size_t>(batch.slots), 0);
+  batch.q.assign(seqs.size() * static_cast<size_t>(batch.slots * vocab), 0.0f);
   std::vector<int64_t> rows;
-  for (int64_t step = 0; step < batch.k; ++step) {
+  for (int64_t step = 0; step < batch.slots; ++step) {
     const model::ForwardInput in = step_input(seqs, batch, step, rows);
     const at::Tensor logits = model_->forward(in, *cache_, *pool_);
     sample(seqs, rows, logits, step, batch);
@@ -78,9 +78,18 @@ DraftBatch Drafter::draft(const std::vector<Sequence*>& seqs, const std::vector<
   return batch;
 }
 
-void Drafter::commit(Sequence* seq, int64_t keep_tokens) {
-  seq->draft_computed = std::min(seq->draft_computed, keep_tokens);
-  cache_->truncate(seq->draft_table, seq->draft_computed);
+void SdDrafter::commit(RequestId id, int64_t keep_tokens) {
+  auto it = kv_.find(id);
+  if (it == kv_.end()) return;
+  it->second.computed = std::min(it->second.computed, keep_tokens);
+  cache_->truncate(it->second.table, it->second.computed);
+}
+
+void SdDrafter::release(RequestId id) {
+  auto it = kv_.find(id);
+  if (it == kv_.end()) return;
+  cache_->truncate(it->second.table, 0);
+  kv_.erase(it);
 }
 
 }  // namespace ssd::runtime

@@ -1,0 +1,51 @@
+// Mode "ssd": the draft worker (its own thread) speculates while the target
+// verifies. Before each verify the engine takes, for every speculative
+// chunk, the speculation the worker sent for that sequence's current life,
+// waiting only for those not there yet; after it, the outcome goes back.
+// A sequence's life starts when its prefill is done and ends when it is
+// preempted or finished; each start raises its epoch, and answers to an
+// older life are dropped.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "speculator.h"
+#include "ssd_worker.h"
+
+namespace ssd::runtime {
+
+class SsdSpeculator final : public Speculator {
+ public:
+  SsdSpeculator(const EngineConfig& config, const TestingConfig& testing, std::shared_ptr<model::Model> draft);
+  ~SsdSpeculator() override { stop(); }
+
+  std::vector<DraftFailure> propose(std::vector<ScheduledChunk>& chunks, std::vector<Proposal>& proposals) override;
+  void verified(Sequence* seq, const Proposal& proposal, int64_t accepted, int32_t bonus,
+                double verify_seconds) override;
+  void prefilled(Sequence* seq) override;
+  void release(Sequence* seq, bool finished) override;
+  void flush() override;
+  double wait_seconds() const override { return wait_seconds_; }
+  void stats(EngineStats& s) const override;
+  void stop() override;
+
+ private:
+  struct Life {
+    uint64_t epoch = 0;    ///< raised each time the worker is (re)told of the sequence
+    bool started = false;  ///< the worker knows this life
+  };
+
+  void start(Sequence* seq);
+  /// Waits for the speculation of every speculative chunk's current life.
+  void await_ready(const std::vector<ScheduledChunk>& chunks);
+
+  std::unique_ptr<DraftWorker> worker_;
+  std::map<RequestId, Life> lives_;              // live requests only
+  std::map<RequestId, Speculation> ready_;       // for the next verify
+  std::vector<SpecMessage> outbox_;              // posted once per step
+  double wait_seconds_ = 0.0;
+};
+
+}  // namespace ssd::runtime

@@ -1,0 +1,98 @@
+#include "verification.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "../kernels/cpu/verify.h"
+
+namespace ssd::runtime {
+
+namespace {
+
+void check_finite(const float* rows, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (std::isnan(rows[i])) throw std::runtime_error("logits contain NaN");
+}
+
+}  // namespace
+
+Verdict verify_proposal(const float* target_rows, int64_t vocab, const Proposal& proposal,
+                        const SamplingParams& params, uint64_t seed, int64_t start, bool fault_fast_argmax) {
+  const auto count = static_cast<int64_t>(proposal.tokens.size());
+  check_finite(target_rows, (1 + count) * vocab);
+  // The kernel takes K >= 1 proposal slots; a round with none verifies only
+  // the bonus (count 0), so one padding slot is enough.
+  const int64_t slots = std::max<int64_t>(count, 1);
+  std::vector<float> rows(static_cast<size_t>((slots + 1) * vocab), 0.0f);
+  std::copy(target_rows, target_rows + (1 + count) * vocab, rows.begin());
+  std::vector<int64_t> tokens(static_cast<size_t>(slots), 0);
+  std::copy(proposal.tokens.begin(), proposal.tokens.end(), tokens.begin());
+  std::vector<float> q(static_cast<size_t>(slots * vocab), 0.0f);
+  if (!proposal.one_hot && count > 0) std::copy(proposal.q, proposal.q + count * vocab, q.begin());
+  std::vector<double> accept_u(static_cast<size_t>(slots), 0.0);
+  for (int64_t i = 0; i < count; ++i)
+    accept_u[i] = kernels::keyed_uniform(seed, static_cast<uint64_t>(start + i), kernels::RandomPurpose::kAccept);
+  const double bonus_u = kernels::keyed_uniform(seed, static_cast<uint64_t>(start), kernels::RandomPurpose::kResidual);
+  const bool one_hot = proposal.one_hot;
+  const double temperature = one_hot && fault_fast_argmax ? 0.0 : params.temperature;
+  int64_t accepted = 0, bonus = 0;
+  kernels::VerifyParams v;
+  v.target_logits = rows.data();
+  v.proposals = tokens.data();
+  v.num_proposals = &count;
+  v.q_probs = q.data();
+  v.one_hot = &one_hot;
+  v.temperature = &temperature;
+  v.top_k = &params.top_k;
+  v.top_p = &params.top_p;
+  v.accept_uniforms = accept_u.data();
+  v.bonus_uniforms = &bonus_u;
+  v.accepted = &accepted;
+  v.bonus = &bonus;
+  v.batch = 1;
+  v.k = slots;
+  v.vocab = vocab;
+  kernels::verify(v, 0, 1);
+  return {accepted, static_cast<int32_t>(bonus)};
+}
+
+int32_t TokenSampler::sample(const float* logits, int64_t vocab, const SamplingParams& p, uint64_t seed,
+                             int64_t position) {
+  check_finite(logits, vocab);
+  if (p.temperature == 0.0) return kernels::argmax(logits, vocab);
+  probs_.resize(static_cast<size_t>(vocab));
+  kernels::process_logits(logits, vocab, {p.temperature, p.top_k, p.top_p}, probs_.data(), scratch_);
+  const double u = kernels::keyed_uniform(seed, static_cast<uint64_t>(position), kernels::RandomPurpose::kSample);
+  return kernels::sample_from_probs(probs_.data(), vocab, u);
+}
+
+SpecCounters round_counters(const Proposal& proposal, int64_t accepted, int64_t emitted) {
+  const auto count = static_cast<int64_t>(proposal.tokens.size());
+  SpecCounters c;
+  c.rounds = 1;
+  c.draft_tokens_proposed = count;
+  c.draft_tokens_accepted = accepted;
+  switch (proposal.lookup) {
+    case CacheLookup::kNone:
+      return c;
+    case CacheLookup::kHit:
+      c.cache_hits = 1;
+      c.hit_tokens = emitted;
+      break;
+    case CacheLookup::kFastFallback:
+      c.fallback_fast = 1;
+      c.fast_tokens_proposed = count;
+      c.fast_tokens_accepted = accepted;
+      c.miss_tokens = emitted;
+      break;
+    case CacheLookup::kNeuralFallback:
+      c.fallback_neural = 1;
+      c.miss_tokens = emitted;
+      break;
+  }
+  c.cache_lookups = 1;
+  return c;
+}
+
+}  // namespace ssd::runtime

@@ -1,0 +1,45 @@
+// The target's side of a round, for one sequence: its own token where it
+// has no proposals (sampling or argmax), and the lossless verification of a
+// speculative chunk's proposals. The uniforms are keyed by (request seed,
+// position, purpose), so a seeded request's draws do not depend on the batch.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "../kernels/cpu/sampling.h"
+#include "speculator.h"
+#include "ssd/config.h"
+#include "ssd/types.h"
+
+namespace ssd::runtime {
+
+struct Verdict {
+  int64_t accepted = 0;  ///< leading proposals accepted
+  int32_t bonus = 0;     ///< the token after them (residual sample, or the target's own after all)
+};
+
+/// Verifies `proposal` against the target's 1 + n rows at `target_rows`
+/// ([1 + n, vocab] logits, n = proposal.tokens.size()); `start` is the
+/// position of the first proposal. Throws std::runtime_error on NaN logits.
+/// fault_fast_argmax (TestingConfig): verifies one-hot proposals greedily.
+Verdict verify_proposal(const float* target_rows, int64_t vocab, const Proposal& proposal,
+                        const SamplingParams& params, uint64_t seed, int64_t start, bool fault_fast_argmax);
+
+/// The target's token at `position` from its logits row ([vocab]).
+/// Throws std::runtime_error on NaN logits.
+class TokenSampler {
+ public:
+  int32_t sample(const float* logits, int64_t vocab, const SamplingParams& params, uint64_t seed,
+                 int64_t position);
+
+ private:
+  std::vector<float> probs_;
+  kernels::LogitsScratch scratch_;
+};
+
+/// The round's counters: one round of `proposal`, `accepted` of its tokens
+/// accepted and `emitted` tokens appended.
+SpecCounters round_counters(const Proposal& proposal, int64_t accepted, int64_t emitted);
+
+}  // namespace ssd::runtime
