@@ -7,6 +7,7 @@
 
 #include "../model/model.h"
 #include "../model/runner.h"
+#include "checkpoint_glue.h"
 #include "ssd/engine.h"
 #include "ssd/log.h"
 #include "ssd/speed_model.h"
@@ -221,6 +222,7 @@ PYBIND11_MODULE(_C, m) {
       },
       "The queued C++ log records, oldest first, as (level, message).");
   m.def("validate_model_config", [](const py::dict& d) { model_config_from(d); });
+  checkpoint_glue::bind(m, &model_config_from);
   m.def("validate_engine_config", [](const py::dict& d) { engine_config_from(d); });
   m.def("validate_sampling_params",
         [](const py::dict& d, int64_t vocab) { sampling_params_from(d).validate(vocab); },

@@ -355,4 +355,12 @@ std::string Value::dump() const {
 
 Value parse(std::string_view text) { return Parser(text).document(); }
 
+Value parse(std::string_view text, const std::string& source) {
+  try {
+    return parse(text);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument("cannot read " + source + ": " + e.what());
+  }
+}
+
 }  // namespace ssd::model::json

@@ -63,4 +63,8 @@ class Value {
 /// std::invalid_argument("... at byte N") on malformed input.
 Value parse(std::string_view text);
 
+/// parse(text) for the contents of `source` (a file name), which leads any
+/// error: "cannot read SOURCE: malformed JSON: ... at byte N".
+Value parse(std::string_view text, const std::string& source);
+
 }  // namespace ssd::model::json

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from ssd import LLM, SamplingParams
+from ssd.models import ModelLoadError, load
 from tests.reference.tiny_models import TinySpec, build_tiny_model, random_hf_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -300,6 +301,17 @@ def test_damaged_safetensors_fails_naming_the_file(program, models, tmp_path, da
     proc = run_program(program, str(model_dir), prompts=[[1]])
     assert proc.returncode == 1
     assert str(weights) in proc.stderr and message in proc.stderr
+
+
+@pytest.mark.parametrize("damage", ["unknown-dtype", "offsets-out-of-range"])
+def test_load_and_program_share_one_loader(program, models, tmp_path, damage):
+    """ssd.models.load raises, word for word, the error the program prints."""
+    model_dir = shutil.copytree(models["llama"], tmp_path / "llama")
+    FILE_DAMAGE[damage][0](model_dir / "model.safetensors")
+    proc = run_program(program, str(model_dir), prompts=[[1]])
+    with pytest.raises(ModelLoadError) as info:
+        load(model_dir)
+    assert proc.returncode == 1 and f"cannot load model: {info.value}\n" in proc.stderr
 
 
 def test_missing_shard_fails_naming_it(program, models, tmp_path):

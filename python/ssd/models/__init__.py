@@ -4,7 +4,8 @@
     model = load("path/to/model_dir_or_file.gguf", device="cpu", dtype=torch.bfloat16)
     model.config, model.weights["model.norm.weight"], model.require_tokenizer()
 
-Nothing here depends on the C++ extension.
+Checkpoints are read by the C++ loader and weights checked by its rules
+(``ssd._C``, imported on the first ``load``, not on ``import ssd.models``).
 """
 from .config import ModelConfig, RopeScaling
 from .errors import ChatTemplateError, ModelLoadError

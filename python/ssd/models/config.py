@@ -1,14 +1,13 @@
 """Model configuration shared by every loader (HF directories, GGUF files).
 
-The fields mirror ``ssd::model::ModelConfig`` in ``csrc/include/ssd/config.h``;
-the C++ core validates them again when a model is built.
+The fields mirror ``ssd::ModelConfig`` in ``csrc/include/ssd/config.h``;
+``to_dict`` / ``from_dict`` are the form that crosses into ``ssd._C`` and back,
+and the C++ core validates the values when a model is built.
 """
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen3ForCausalLM")
+from dataclasses import dataclass
 
 
 @dataclass
@@ -42,3 +41,9 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> ModelConfig:
+        """The inverse of ``to_dict``: ``rope_scaling`` a dict or None."""
+        scaling = fields.get("rope_scaling")
+        return cls(**{**fields, "rope_scaling": None if scaling is None else RopeScaling(**scaling)})

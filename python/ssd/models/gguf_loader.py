@@ -91,11 +91,7 @@ def load_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedMod
     tokenizer = build_tokenizer(meta)
     weights = _read_weights(tensors, config, meta.architecture, dtype, device, str(path))
     eos_ids = end_of_sequence_ids(
-        meta.get("tokenizer.ggml.eos_token_id"),
-        meta.get("tokenizer.ggml.eot_token_id"),
-        meta.get("tokenizer.ggml.eom_token_id"),
-        tokenizer=tokenizer,
-    )
+        [meta.get(f"tokenizer.ggml.{kind}_token_id") for kind in ("eos", "eot", "eom")], tokenizer)
     return LoadedModel(
         config=config,
         weights=weights,

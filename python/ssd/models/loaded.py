@@ -70,33 +70,25 @@ class LoadedModel:
                 f"num_weights={len(self.weights)}, source={self.source!r})")
 
 
-def end_of_sequence_ids(*groups: int | Iterable[int | None] | None,
-                        tokenizer: Tokenizer | None = None) -> list[int]:
-    """The eos id list: every id given, then the chat turn-end token's id.
+def end_of_sequence_ids(metadata_ids: Iterable[int | None], tokenizer: Tokenizer | None) -> list[int]:
+    """The eos id list; the one rule for every model source.
 
-    Each group is an id, a list of ids, or None (skipped). Ids keep the order
-    of first appearance; duplicates are dropped. When the tokenizer's chat
-    template ends an assistant turn with a special token (``<|im_end|>``,
-    ``<|eot_id|>``, ...), that token's id is appended, so generation stops
-    where the template would end the reply even if the metadata names another
-    eos token.
+    In order, duplicates dropped, Nones skipped:
+
+    1. ``metadata_ids``, the ids the checkpoint names: for a HF directory
+       generation_config.json's ``eos_token_id`` then config.json's, as the C++
+       loader reads them (``csrc/model/checkpoint.h``; ``ssd_generate`` stops
+       at these alone, having no tokenizer); for a GGUF file its eos, eot and
+       eom ids.
+    2. the tokenizer's eos token (tokenizer_config.json's ``eos_token``).
+    3. the token that ends an assistant turn in the chat template
+       (``<|im_end|>``, ``<|eot_id|>``, ...), so generation stops where the
+       template would end the reply even if the metadata names another token.
     """
     ids: list[int] = []
-    for group in groups:
-        for token_id in _as_id_list(group):
-            if token_id not in ids:
-                ids.append(token_id)
-    if tokenizer is not None:
-        turn_end = tokenizer.token_to_id(tokenizer.chat_turn_end_token())
-        if turn_end is not None and turn_end not in ids:
-            ids.append(turn_end)
+    extra = [] if tokenizer is None else [
+        tokenizer.eos_token_id, tokenizer.token_to_id(tokenizer.chat_turn_end_token())]
+    for token_id in [*metadata_ids, *extra]:
+        if token_id is not None and int(token_id) not in ids:
+            ids.append(int(token_id))
     return ids
-
-
-def _as_id_list(group: int | Iterable[int | None] | None) -> list[int]:
-    """``None`` -> ``[]``, ``5`` -> ``[5]``, ``[5, None, 7]`` -> ``[5, 7]``."""
-    if group is None:
-        return []
-    if isinstance(group, int):
-        return [group]
-    return [int(i) for i in group if i is not None]

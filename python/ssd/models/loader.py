@@ -8,7 +8,8 @@ import torch
 
 from .errors import ModelLoadError
 from .loaded import LoadedModel
-from .weights import SUPPORTED_DTYPES
+
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
 
 _DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32,
                 "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
