@@ -227,7 +227,7 @@ std::vector<Result> generate(ssd::Engine& engine, const Options& o) {
 }
 
 int run(const Options& o) {
-  const at::ScalarType dtype = o.engine.dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
+  const at::ScalarType dtype = ssd::model::weight_dtype(o.engine.dtype);
   std::shared_ptr<ssd::model::Model> model, draft;
   std::vector<int32_t> eos;
   try {
