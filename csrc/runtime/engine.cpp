@@ -18,7 +18,7 @@
 #include "../kernels/cpu/verify.h"
 #include "drafter.h"
 #include "scheduler.h"
-#include "ssd_worker.h"
+#include "ssd_draft_worker.h"
 
 namespace ssd {
 
@@ -61,7 +61,7 @@ class Engine::Impl {
     int64_t lookahead = 0;
     if (draft) {
       if (config_.mode == "ssd")
-        worker_ = std::make_unique<runtime::DraftWorker>(config_, std::move(draft), testing_);
+        worker_ = std::make_unique<runtime::SsdDraftWorker>(config_, std::move(draft), testing_);
       else
         drafter_ = std::make_unique<runtime::Drafter>(std::move(draft), config_.num_kv_blocks(),
                                                       config_.kv_block_size, config_.draft_threads,
@@ -606,7 +606,7 @@ class Engine::Impl {
   std::vector<int32_t> eos_;
   std::unique_ptr<model::KvCache> cache_;
   std::unique_ptr<runtime::Drafter> drafter_;
-  std::unique_ptr<runtime::DraftWorker> worker_;             // ssd
+  std::unique_ptr<runtime::SsdDraftWorker> worker_;             // ssd
   std::map<RequestId, runtime::Speculation> ready_specs_;    // ssd, engine thread only
   std::vector<runtime::SpecMessage> to_draft_;               // ssd, posted once per step
   std::unique_ptr<runtime::Scheduler> scheduler_;
