@@ -1,6 +1,6 @@
 // ssd._C.testing: the core's pieces bound one by one for the tests (kernels
 // through the model's packed layouts, the fan-out planner, the n-gram
-// fallback, keyed randomness). Not a product API.
+// fallback, the draft worker's ranked lists, keyed randomness). Not a product API.
 #include <torch/extension.h>
 
 #include <pybind11/functional.h>
@@ -11,6 +11,7 @@
 #include "../kernels/cpu/sampling.h"
 #include "../runtime/fanout.h"
 #include "../runtime/ngram.h"
+#include "../runtime/path_decoder.h"
 
 namespace py = pybind11;
 
@@ -51,6 +52,17 @@ void bind_testing(py::module_ m) {
         return kernels::sum_exp(c.data_ptr<float>(), c.numel(), static_cast<float>(shift));
       },
       py::arg("x"), py::arg("shift"), "sum(exp(x - shift)), the draft's softmax normalizer.");
+  m.def(
+      "ranked_tokens",
+      [](const at::Tensor& logits, int64_t depth, bool with_probs) {
+        TORCH_CHECK(logits.dim() == 1 && logits.scalar_type() == at::kFloat, "logits must be a 1-D float32 tensor");
+        TORCH_CHECK(depth >= 1, "depth must be >= 1");
+        const at::Tensor c = logits.contiguous();
+        runtime::RankedTokens r = runtime::RankedTokens::of(c.data_ptr<float>(), c.numel(), depth, with_probs);
+        return std::make_pair(r.tokens, r.probs);
+      },
+      py::arg("logits"), py::arg("depth"), py::arg("with_probs") = false,
+      "The ssd draft worker's ranked list of a logits row: (tokens, probabilities at temperature 1).");
   m.def("ngram_propose", &runtime::ngram_propose, py::arg("tokens"), py::arg("k"), py::arg("max_n") = 3);
   m.def("proposal_emitted", &runtime::proposal_emitted, py::arg("text"), py::arg("at"), py::arg("proposal"));
   m.def("process_logits",

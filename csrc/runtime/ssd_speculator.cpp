@@ -21,7 +21,7 @@ CacheLookup lookup_of(SpecSource source) {
 
 SsdSpeculator::SsdSpeculator(const EngineConfig& config, const TestingConfig& testing,
                              std::shared_ptr<model::Model> draft)
-    : worker_(std::make_unique<DraftWorker>(config, std::move(draft), testing)) {}
+    : worker_(std::make_unique<SsdDraftWorker>(config, std::move(draft), testing)) {}
 
 void SsdSpeculator::start(Sequence* seq) {
   Life& life = lives_[seq->id];

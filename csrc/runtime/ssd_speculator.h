@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "speculator.h"
-#include "ssd_worker.h"
+#include "ssd_draft_worker.h"
 
 namespace ssd::runtime {
 
@@ -41,7 +41,7 @@ class SsdSpeculator final : public Speculator {
   /// Waits for the speculation of every speculative chunk's current life.
   void await_ready(const std::vector<ScheduledChunk>& chunks);
 
-  std::unique_ptr<DraftWorker> worker_;
+  std::unique_ptr<SsdDraftWorker> worker_;
   std::map<RequestId, Life> lives_;              // live requests only
   std::map<RequestId, Speculation> ready_;       // for the next verify
   std::vector<SpecMessage> outbox_;              // posted once per step

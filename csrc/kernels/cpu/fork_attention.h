@@ -46,7 +46,8 @@ std::vector<RowRun> fork_attention_runs(const ForkAttentionParams& params);
 void fork_attention_units(const ForkAttentionParams& params, const std::vector<RowRun>& runs, int64_t begin,
                           int64_t end);
 
-/// All branches, split over the pool.
+/// All branches, split over the pool. Kept for the GPU tree; the runtime
+/// does not call it yet (its draft tree decodes branches as paged paths).
 void fork_attention(const ForkAttentionParams& params, ThreadPool& pool);
 
 }  // namespace ssd::kernels

@@ -26,6 +26,9 @@ struct ForkSelectParams {
 
 /// Row (b, j) gets its min(F_j, vocab - excluded) best tokens, ranked by
 /// (probability desc, token id asc), best first. Inputs are assumed validated.
+/// Any float row ranks the same way: the ssd tree builder takes its fork
+/// candidates from it (runtime/path_decoder.cpp: a logits row, positions = 1,
+/// nothing drafted), so this is the code base's one top-F selection.
 void fork_select(const ForkSelectParams& params);
 
 }  // namespace ssd::kernels

@@ -47,6 +47,8 @@ struct KvTruncateStatus {
 };
 
 /// Validates everything before mutating: on an error nothing changes.
+/// Kept for the GPU tree; the runtime does not call it yet (model::KvCache
+/// frees its own blocks).
 KvTruncateStatus kv_truncate(const KvTruncateParams& params);
 
 /// One-line description of an error status (names the argument and index).

@@ -37,7 +37,8 @@ struct ForkAttentionParams {
 };
 
 /// Enqueues the kernel on `stream`; cudaErrorInvalidValue for unsupported
-/// shapes or misaligned pointers, else the launch error.
+/// shapes or misaligned pointers, else the launch error. Kept for the GPU
+/// tree; the runtime does not call it yet.
 cudaError_t fork_attention(const ForkAttentionParams& params, cudaStream_t stream);
 
 }  // namespace ssd::kernels::cuda

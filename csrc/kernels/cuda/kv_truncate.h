@@ -18,7 +18,8 @@ struct KvTruncateParams {
 };
 
 /// Enqueues the truncation on `stream`; the status is ready when the stream
-/// reaches it. Returns a launch error, never throws.
+/// reaches it. Returns a launch error, never throws. Kept for the GPU tree;
+/// the runtime does not call it yet.
 cudaError_t kv_truncate(const KvTruncateParams& params, cudaStream_t stream);
 
 }  // namespace ssd::kernels::cuda

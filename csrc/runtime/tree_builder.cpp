@@ -1,0 +1,183 @@
+#include "tree_builder.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "ssd/log.h"
+
+namespace ssd::runtime {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+}  // namespace
+
+TreeBuilder::TreeBuilder(const EngineConfig& config, model::KvCache& kv, PathDecoder& decoder,
+                         FanoutPlanner& planner)
+    : K_(config.k), confidence_(confidence_fanout(config)), kv_(kv), decoder_(decoder), planner_(planner) {}
+
+void TreeBuilder::observe_outcome(const DraftSequence& s, int64_t accepted, int64_t proposed, int32_t bonus) {
+  const auto drafted = static_cast<int64_t>(s.spec.size());
+  int64_t rank = 0, listed = 0;  // rank 0: the bonus was not listed
+  if (accepted < static_cast<int64_t>(s.ranked.size())) {
+    for (int32_t t : s.ranked[accepted].tokens) {
+      if (accepted < K_ && accepted < drafted && t == s.spec[accepted]) continue;  // never a candidate
+      ++listed;
+      if (t == bonus && rank == 0) rank = listed;
+    }
+  }
+  planner_.observe_outcome(accepted, proposed, rank, listed);
+  if (!confidence_ || !s.greedy()) return;
+  // Calibration of the confidence fan-out: the proposals verified this round
+  // (the accepted ones and the rejected one after them) by the draft's
+  // probability of them.
+  const int64_t last = std::min<int64_t>({accepted, K_ - 1, drafted - 1});
+  for (int64_t i = 0; i <= last; ++i) {
+    if (i >= static_cast<int64_t>(s.ranked.size()) || s.ranked[i].probs.empty()) break;
+    planner_.observe_proposal(s.ranked[i].prob_of(s.spec[i]), i < accepted);
+  }
+}
+
+TreeReport TreeBuilder::build(const std::vector<DraftSequence*>& seqs, const std::vector<int64_t>& fanout,
+                              double verify_seconds) {
+  const auto t0 = Clock::now();
+  TreeReport report;
+  report.sequences = static_cast<int64_t>(seqs.size());
+  report.per_fork.assign(static_cast<size_t>(K_ + 1), 0);
+  // Without branches at K (F_K = 0) the last proposal need not be fed yet.
+  const int64_t fork_end = fanout[K_] > 0 || confidence_ ? K_ : K_ - 1;
+  score_forks(seqs, fanout, fork_end);
+  report.fork_seconds = since(t0);
+
+  bool room = true;
+  for (DraftSequence* s : seqs) {
+    const std::vector<Candidate> chosen = candidates(*s, fanout);
+    report.planned += static_cast<int64_t>(chosen.size());
+    // Out of tree blocks: the trees stay partial (no branch for later candidates).
+    for (const Candidate& c : chosen) {
+      room = room && add_branch(*s, c);
+      if (room) report.per_fork[c.first] += 1;
+    }
+  }
+  decode_branches(seqs, fanout, report);
+  report.seconds = since(t0);
+  planner_.observe_round(report.fork_seconds, report.branch_seconds,
+                         verify_seconds > 0 ? verify_seconds : report.seconds);
+  if (report.branches < report.planned)
+    SSD_LOG_INFO("ssd tree: out of draft KV blocks, " << report.branches << " of " << report.planned
+                                                      << " planned branches allocated (" << report.sequences
+                                                      << " sequences)");
+  return report;
+}
+
+void TreeBuilder::score_forks(const std::vector<DraftSequence*>& seqs, const std::vector<int64_t>& fanout,
+                              int64_t fork_end) {
+  // Fork point j's distribution is the row of position L - 1 + j: fed the
+  // last committed token, then the proposals.
+  std::vector<DraftPath> score;
+  for (DraftSequence* s : seqs) {
+    const auto L = static_cast<int64_t>(s->tokens.size());
+    if (s->computed >= L + fork_end) continue;
+    std::vector<int32_t> feed;
+    for (int64_t pos = s->computed; pos < L + fork_end; ++pos)
+      feed.push_back(pos < L ? s->tokens[pos] : s->spec[pos - L]);
+    score.push_back(DraftPath::scoring(*s, s->table, s->computed, std::move(feed), L - 1));
+  }
+  decoder_.decode(score, fanout, DraftForwards::kForkScoring);
+  for (DraftPath& p : score) {
+    DraftSequence* s = p.seq;
+    const auto L = static_cast<int64_t>(s->tokens.size());
+    const int64_t first = std::max(p.pos0, p.rank_from);
+    for (size_t r = 0; r < p.fed_ranked.size(); ++r) {
+      const int64_t j = first + static_cast<int64_t>(r) - (L - 1);
+      if (j >= 0 && j <= K_ && s->ranked[j].empty()) s->ranked[j] = std::move(p.fed_ranked[r]);
+    }
+    s->computed = L + fork_end;
+  }
+}
+
+std::vector<TreeBuilder::Candidate> TreeBuilder::candidates(const DraftSequence& s,
+                                                            const std::vector<int64_t>& fanout) const {
+  // Until enough greedy proposals calibrate it, the confidence fan-out plans like the geometric one.
+  if (confidence_ && s.greedy() && planner_.proposals_observed() >= FanoutPlanner::kCalibrated)
+    return confidence_candidates(s);
+  std::vector<Candidate> chosen;
+  for (int64_t j = 0; j <= K_; ++j) {
+    int64_t taken = 0;
+    for (int32_t c : s.ranked[j].tokens) {
+      if (taken >= fanout[j]) break;
+      if (j < K_ && c == s.spec[j]) continue;
+      ++taken;
+      chosen.emplace_back(j, c);
+    }
+  }
+  return chosen;
+}
+
+std::vector<TreeBuilder::Candidate> TreeBuilder::confidence_candidates(const DraftSequence& s) const {
+  std::vector<ForkPoint> forks(static_cast<size_t>(K_ + 1));
+  std::vector<std::vector<int32_t>> tokens(static_cast<size_t>(K_ + 1));
+  for (int64_t j = 0; j <= K_; ++j) {
+    const RankedTokens& r = s.ranked[j];
+    for (size_t i = 0; i < r.tokens.size() && i < r.probs.size(); ++i) {
+      if (j < K_ && r.tokens[i] == s.spec[j]) {
+        forks[j].proposed_prob = r.probs[i];
+        continue;
+      }
+      forks[j].candidates.push_back(r.probs[i]);
+      tokens[j].push_back(r.tokens[i]);
+    }
+  }
+  const auto best = confidence_branches(forks, planner_.budget(),
+                                        [this](double p) { return planner_.proposal_acceptance(p); });
+  std::vector<Candidate> chosen;
+  for (const auto& [j, index] : best) chosen.emplace_back(j, tokens[j][index]);
+  return chosen;
+}
+
+bool TreeBuilder::add_branch(DraftSequence& s, const Candidate& candidate) {
+  // The branch borrows the sequence's full blocks before its fork position P
+  // and copies the partial one; it grows by K positions from P.
+  const int64_t bs = kv_.block_size();
+  const int64_t P = static_cast<int64_t>(s.tokens.size()) + candidate.first;
+  TreeBranch b;
+  b.fork = candidate.first;
+  b.bonus = candidate.second;
+  b.shared = P / bs;
+  b.table.blocks.assign(s.table.blocks.begin(), s.table.blocks.begin() + b.shared);
+  if (!kv_.reserve(b.table, P + K_)) return false;  // reserve changed nothing
+  if (P % bs != 0) copy_kv_slots(kv_, s.table, b.table, b.shared * bs, P);
+  s.branches.push_back(std::move(b));
+  return true;
+}
+
+void TreeBuilder::decode_branches(const std::vector<DraftSequence*>& seqs, const std::vector<int64_t>& fanout,
+                                  TreeReport& report) {
+  std::vector<DraftPath> paths;
+  for (DraftSequence* s : seqs)
+    for (TreeBranch& b : s->branches)
+      paths.push_back(
+          DraftPath::sampling(*s, b.table, static_cast<int64_t>(s->tokens.size()) + b.fork, {b.bonus}, K_));
+  const auto t0 = Clock::now();
+  decoder_.decode(paths, fanout, DraftForwards::kBranches);
+  report.branch_seconds = since(t0);
+  report.branches = static_cast<int64_t>(paths.size());
+  size_t next = 0;
+  for (DraftSequence* s : seqs) {
+    for (size_t bi = 0; bi < s->branches.size(); ++bi, ++next) {
+      DraftPath& p = paths[next];
+      CachedSpeculation e;
+      e.tokens = std::move(p.out);
+      e.q = std::move(p.q);
+      e.ranked = std::move(p.ranked);
+      e.branch = bi;
+      s->cache.emplace(std::make_pair(s->branches[bi].fork, s->branches[bi].bonus), std::move(e));
+    }
+    s->treed = true;
+  }
+}
+
+}  // namespace ssd::runtime
