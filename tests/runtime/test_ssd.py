@@ -158,6 +158,26 @@ def test_shadow_scoring_matches_running_the_fast_fallback(small_pair):
     assert means["neural"] == pytest.approx(means["fast"], abs=0.05), means
 
 
+@pytest.mark.parametrize("fanout", ["complete", "drafted-token-wasted"])
+def test_a_tree_of_every_possible_outcome_never_misses(small_pair, fanout):
+    """Vocabulary 4, K = 2: after j accepted proposals the bonus can be any token but the rejected
+    proposal x_{j+1} (the residual is zero there), so 3 candidates at j < K and 4 at K hold every
+    outcome, and every lookup must hit, at any temperature. A tree that spent a candidate on x_{j+1}
+    (F_j = 3 but x_{j+1} not excluded) would miss; with one candidate fewer it must miss."""
+    target, draft = small_pair
+    plan = [3, 3, 4] if fanout == "complete" else [2, 2, 4]
+    params = [SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, seed=70 + i) for i in range(200)]
+    with LLM(target, draft=draft, mode="ssd", k=2, max_model_len=32, max_batch=16, fanout=plan,
+             fallback="neural") as ssd:
+        ssd.generate([PROMPT] * len(params), params)
+        stats = ssd.stats()
+    assert stats["cache_lookups"] > 3 * len(params)
+    if fanout == "complete":
+        assert stats["cache_hits"] == stats["cache_lookups"]
+    else:
+        assert stats["cache_hits"] < stats["cache_lookups"]
+
+
 def test_broken_fast_fallback_fails_the_law_test(small_pair):
     """Fault injection: fast-fallback proposals verified greedily at temperature 1."""
     outs, stats, laws = run_law(small_pair, 1.0, 0, 1.0, 512, saguaro_c=1.0, fallback="fast",
