@@ -167,20 +167,9 @@ model::WeightMap weight_map_from(const py::dict& d) {
   return w;
 }
 
-}  // namespace
-}  // namespace ssd
 
-PYBIND11_MODULE(_C, m) {
-  using namespace ssd;
-  m.doc() = "ssd C++ core";
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const std::invalid_argument& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
-    }
-  });
-
+// The speed model and the counters it reads.
+void bind_speed_model(py::module_& m) {
   m.def(
       "speed_metrics",
       [](const py::dict& d) {
@@ -211,6 +200,10 @@ PYBIND11_MODULE(_C, m) {
       py::arg("t_b") = 0.0, py::arg("batch") = 1, py::arg("verify_cost") = 1.0, py::arg("overlapped") = true,
       "The one round-cost model (csrc/include/ssd/speed_model.h): {p_all_hit, tokens, time, speedup}; "
       "times in verify forwards, speedup over ar.");
+}
+
+// The C++ log records, drained by python/ssd/_logging.py.
+void bind_logging(py::module_& m) {
   m.def("set_log_level", [](int level) { log::set_level(static_cast<log::Level>(level)); }, py::arg("level"),
         "Records below this Python logging level are dropped in C++ (default: off).");
   m.def(
@@ -221,13 +214,20 @@ PYBIND11_MODULE(_C, m) {
         return out;
       },
       "The queued C++ log records, oldest first, as (level, message).");
+}
+
+// Config validation and checkpoint loading.
+void bind_config(py::module_& m) {
   m.def("validate_model_config", [](const py::dict& d) { model_config_from(d); });
   checkpoint_glue::bind(m, &model_config_from);
   m.def("validate_engine_config", [](const py::dict& d) { engine_config_from(d); });
   m.def("validate_sampling_params",
         [](const py::dict& d, int64_t vocab) { sampling_params_from(d).validate(vocab); },
         py::arg("params"), py::arg("vocab_size") = 0);
+}
 
+// Models and a sequence runner over their paged KV cache.
+void bind_models(py::module_& m) {
   py::class_<model::Model, std::shared_ptr<model::Model>>(m, "Model")
       .def(py::init([](const py::dict& config, const py::dict& weights) {
              return std::make_shared<model::Model>(model_config_from(config), weight_map_from(weights));
@@ -249,7 +249,10 @@ PYBIND11_MODULE(_C, m) {
       .def("block_table", &model::SequenceRunner::block_table)
       .def("cache_storage", &model::SequenceRunner::cache_storage)
       .def_property_readonly("num_free_blocks", &model::SequenceRunner::num_free_blocks);
+}
 
+// The engine: dicts in, dicts out.
+void bind_engine(py::module_& m) {
   py::class_<Engine>(m, "Engine")
       .def(py::init([](const py::dict& config, std::shared_ptr<model::Model> target, std::vector<int32_t> eos,
                        std::shared_ptr<model::Model> draft, const py::dict& testing) {
@@ -294,6 +297,25 @@ PYBIND11_MODULE(_C, m) {
       .def("cancel", &Engine::cancel)
       .def("shutdown", &Engine::shutdown, py::call_guard<py::gil_scoped_release>())
       .def("stats", [](const Engine& e) { return stats_dict(e.stats()); });
+}
 
+}  // namespace
+}  // namespace ssd
+
+PYBIND11_MODULE(_C, m) {
+  using namespace ssd;
+  m.doc() = "ssd C++ core";
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const std::invalid_argument& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+  bind_speed_model(m);
+  bind_logging(m);
+  bind_config(m);
+  bind_models(m);
+  bind_engine(m);
   bind_testing(m.def_submodule("testing", "Test-only entry points into the core's pieces (not a product API)."));
 }

@@ -17,7 +17,10 @@ namespace py = pybind11;
 
 namespace ssd {
 
-void bind_testing(py::module_ m) {
+namespace {
+
+// The fan-out planner, the worker's ranked lists and the n-gram fallback.
+void bind_runtime_pieces(py::module_& m) {
   m.def("geometric_fanout", &runtime::geometric_fanout, py::arg("k"), py::arg("budget"),
         py::arg("acceptance"), py::arg("miss_exponent"));
   m.def(
@@ -65,6 +68,10 @@ void bind_testing(py::module_ m) {
       "The ssd draft worker's ranked list of a logits row: (tokens, probabilities at temperature 1).");
   m.def("ngram_propose", &runtime::ngram_propose, py::arg("tokens"), py::arg("k"), py::arg("max_n") = 3);
   m.def("proposal_emitted", &runtime::proposal_emitted, py::arg("text"), py::arg("at"), py::arg("proposal"));
+}
+
+// Kernels through the model's packed layouts, and keyed randomness.
+void bind_kernel_pieces(py::module_& m) {
   m.def("process_logits",
         [](const at::Tensor& logits, double temperature, int64_t top_k, double top_p) {
           at::Tensor x = logits.to(at::kFloat).contiguous();
@@ -131,6 +138,13 @@ void bind_testing(py::module_ m) {
   m.def("keyed_uniform", [](uint64_t seed, uint64_t position, uint64_t purpose) {
     return kernels::keyed_uniform(seed, position, static_cast<kernels::RandomPurpose>(purpose));
   });
+}
+
+}  // namespace
+
+void bind_testing(py::module_ m) {
+  bind_runtime_pieces(m);
+  bind_kernel_pieces(m);
 }
 
 }  // namespace ssd
