@@ -7,7 +7,6 @@ checkpoint's metadata comes before the tokenizer's.
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from tokenizers import models as tk_models
 
 from ssd.models import ModelConfig, ModelLoadError, RopeScaling, load
 from ssd.models.weights import expected_shapes
-from tests.reference.tiny_models import TinySpec, build_tiny_model
+from tests.reference.tiny_models import TinySpec, build_tiny_model, edit_json
 
 
 @pytest.fixture(scope="module")
@@ -33,23 +32,12 @@ def model_dir(llama_dir, tmp_path) -> Path:
     return Path(shutil.copytree(llama_dir, tmp_path / "llama"))
 
 
-def set_json(path: Path, **changes) -> None:
-    """Set keys of a JSON file (created when absent); a value of ``...`` deletes the key."""
-    data = json.loads(path.read_text()) if path.is_file() else {}
-    for key, value in changes.items():
-        if value is ...:
-            data.pop(key, None)
-        else:
-            data[key] = value
-    path.write_text(json.dumps(data))
-
-
 def add_tokenizer(model_dir: Path, bos: str, eos: str) -> None:
     """tokenizer.json holding only the special tokens <s> (id 0), </s> (1), <x> (2)."""
     backend = BackendTokenizer(tk_models.BPE())
     backend.add_special_tokens(["<s>", "</s>", "<x>"])
     backend.save(str(model_dir / "tokenizer.json"))
-    set_json(model_dir / "tokenizer_config.json", bos_token=bos, eos_token=eos)
+    edit_json(model_dir / "tokenizer_config.json", bos_token=bos, eos_token=eos)
 
 
 def test_config_crosses_from_cpp_field_for_field(llama_dir):
@@ -69,19 +57,19 @@ def test_config_crosses_from_cpp_field_for_field(llama_dir):
 
 def test_bos_from_metadata_then_tokenizer(model_dir):
     add_tokenizer(model_dir, bos="<x>", eos="</s>")
-    set_json(model_dir / "config.json", bos_token_id=5)
-    set_json(model_dir / "generation_config.json", bos_token_id=None)
+    edit_json(model_dir / "config.json", bos_token_id=5)
+    edit_json(model_dir / "generation_config.json", bos_token_id=None)
     assert load(model_dir).bos_token_id == 5  # a null in generation_config.json counts as absent
-    set_json(model_dir / "generation_config.json", bos_token_id=6)
+    edit_json(model_dir / "generation_config.json", bos_token_id=6)
     assert load(model_dir).bos_token_id == 6
-    set_json(model_dir / "generation_config.json", bos_token_id=...)
-    set_json(model_dir / "config.json", bos_token_id=...)
+    edit_json(model_dir / "generation_config.json", bos_token_id=...)
+    edit_json(model_dir / "config.json", bos_token_id=...)
     assert load(model_dir).bos_token_id == 2  # the tokenizer's <x>
 
 
 def test_eos_metadata_then_tokenizer(model_dir):
-    set_json(model_dir / "generation_config.json", eos_token_id=[9, None, 4])
-    set_json(model_dir / "config.json", eos_token_id=[4, 8])
+    edit_json(model_dir / "generation_config.json", eos_token_id=[9, None, 4])
+    edit_json(model_dir / "config.json", eos_token_id=[4, 8])
     assert load(model_dir).eos_token_ids == [9, 4, 8]
     add_tokenizer(model_dir, bos="<s>", eos="</s>")
     assert load(model_dir).eos_token_ids == [9, 4, 8, 1]
@@ -94,7 +82,7 @@ def test_eos_metadata_then_tokenizer(model_dir):
     ("generation_config.json", "bos_token_id", 1.5),
 ])
 def test_bad_special_ids_name_file_and_key(model_dir, file, key, value):
-    set_json(model_dir / file, **{key: value})
+    edit_json(model_dir / file, **{key: value})
     with pytest.raises(ModelLoadError, match=key) as info:
         load(model_dir)
     assert str(model_dir / file) in str(info.value)

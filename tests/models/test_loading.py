@@ -30,6 +30,7 @@ from ssd.models import (
     load,
 )
 from ssd.models.gguf_loader import unpermute_rope_rows
+from tests.reference.tiny_models import edit_json
 
 CHATML = (
     "{% for message in messages %}"
@@ -117,17 +118,6 @@ def assert_config_matches(config: ModelConfig, hf: transformers.PretrainedConfig
     assert config.rope_theta == pytest.approx(hf.rope_parameters["rope_theta"])
     assert config.tie_word_embeddings == hf.tie_word_embeddings
     assert config.max_position_embeddings == hf.max_position_embeddings
-
-
-def edit_json(path: Path, **changes) -> None:
-    """Set (or with value ``...`` delete) keys of a JSON file."""
-    data = json.loads(path.read_text())
-    for key, value in changes.items():
-        if value is ...:
-            data.pop(key, None)
-        else:
-            data[key] = value
-    path.write_text(json.dumps(data))
 
 
 def llamacpp_permute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:

@@ -11,6 +11,7 @@ wrong rope, norm or head mapping can hide inside a 1e-4 tolerance.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,3 +152,17 @@ def random_tokens(n: int, vocab_size: int, seed: int) -> list[int]:
     """``n`` seeded random token ids in [0, vocab_size)."""
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab_size, (n,), generator=generator).tolist()
+
+
+def edit_json(path, **changes) -> None:
+    """Sets keys of a JSON file of a checkpoint (created when absent); a value of ``...`` deletes the key."""
+    from pathlib import Path
+
+    path = Path(path)
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    for key, value in changes.items():
+        if value is ...:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    path.write_text(json.dumps(data))
