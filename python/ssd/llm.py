@@ -6,7 +6,6 @@ on the detokenized text). One LLM is meant to be driven from one Python thread.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
