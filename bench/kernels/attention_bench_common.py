@@ -2,7 +2,6 @@
 scattered paged caches too large to stay in the CPU caches, and timing."""
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from contextlib import contextmanager
@@ -74,6 +73,8 @@ def print_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> None:
 
 
 def write_json(path: str | None, payload: dict) -> None:
+    """Writes the payload with the command and the machine, as every benchmark result does."""
     if path:
-        with open(path, "w") as f:
-            json.dump(payload, f, indent=2)
+        from ssd.bench.record import write_result
+
+        write_result(path, payload)

@@ -5,13 +5,13 @@ Usage: PYTHONPATH=python python bench/kernels/bench_fork_select.py [--json FILE]
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
 import torch
 
 import ssd._C  # noqa: F401  registers torch.ops.ssd
+from ssd.bench.record import write_result
 
 K = 5
 # name -> fanout F_0..F_K (geometric, as SAGUARO plans it)
@@ -56,8 +56,7 @@ def main() -> None:
                 results.append({"vocab": vocab, "batch": batch, "k": K, "fanout": fanout, "median_s": seconds})
                 print(f"{vocab:>7} {batch:>4} {K:>2}  {name:<22} {seconds * 1e3:>10.3f} {seconds * 1e6 / rows:>8.1f}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+        write_result(args.json, {"results": results})
 
 
 if __name__ == "__main__":

@@ -14,13 +14,13 @@ in a decode loop over a large cache.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
 import torch
 
 import ssd._C  # noqa: F401  (registers torch.ops.ssd)
+from ssd.bench.record import write_result
 
 MODELS = {  # name: (layers, kv_heads, head_dim)
     "smollm2-135m": (30, 3, 64),
@@ -75,8 +75,7 @@ def main() -> None:
         print(f"{r['model']:<14}{r['tree']:<10}{r['n']:>4}{r['hot_us']:>10.1f}{r['cold_us']:>10.1f}"
               f"{r['bytes']:>12,}{r['cold_gb_s']:>11.2f}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"torch_threads": torch.get_num_threads(), "rows": rows}, f, indent=1)
+        write_result(args.json, {"torch_threads": torch.get_num_threads(), "rows": rows})
 
 
 if __name__ == "__main__":

@@ -5,13 +5,13 @@ Usage: PYTHONPATH=python python bench/kernels/bench_saguaro_sample.py [--json FI
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
 import torch
 
 import ssd._C  # noqa: F401  registers torch.ops.ssd
+from ssd.bench.record import write_result
 
 # name -> (temperature, top_k, top_p, fanout, downweight)
 SETTINGS = {
@@ -58,8 +58,7 @@ def main() -> None:
                 results.append({"vocab": vocab, "rows": rows, "setting": name, "median_s": seconds})
                 print(f"{vocab:>7} {rows:>5}  {name:<26} {seconds * 1e3:>10.3f} {seconds * 1e6 / rows:>9.1f}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+        write_result(args.json, {"results": results})
 
 
 if __name__ == "__main__":

@@ -8,13 +8,13 @@ accepted count next to each time. Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
 import torch
 
 import ssd._C  # noqa: F401  (registers torch.ops.ssd)
+from ssd.bench.record import write_result
 
 BATCHES = (1, 8, 64)
 KS = (4, 8)
@@ -77,8 +77,7 @@ def main() -> None:
                     print(f"{batch:>3} {k:>2} {vocab:>7} {kind:>8} {ms:>9.2f} {ms / batch:>8.3f} {accepted:>8.2f}")
                     rows.append(dict(batch=batch, k=k, vocab=vocab, q=kind, ms=ms, mean_accepted=accepted))
     if opts.json:
-        with open(opts.json, "w") as f:
-            json.dump({"threads": torch.get_num_threads(), "results": rows}, f, indent=1)
+        write_result(opts.json, {"threads": torch.get_num_threads(), "results": rows})
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ def test_bench_writes_table_json_and_plots(pair, tmp_path):
     assert "every mode produced ar's tokens" in proc.stdout
     doc = json.loads(out.read_text())
     assert set(doc) >= {"pair", "runs", "machine", "config", "components_s"}
+    assert doc["command"].startswith("python -m ssd.bench --target ") and "--batch 1,2" in doc["command"]
+    assert doc["machine"]["cpus"] >= 1 and doc["machine"]["torch"]
     runs = doc["runs"]
     # 2 batch sizes x 2 temperatures x (ar, sd, ssd + ar, sd on the total hardware)
     assert len(runs) == 2 * 2 * 5
@@ -207,7 +209,8 @@ def test_speed_model_charges_the_fork_forward_when_it_runs():
 
     def expected(fork):
         t_p = (fork + k * 0.03) / 0.12
-        return tokens / (0.12 * (0.5 * max(1.0, t_p) + 0.5 * (1 + t_b)))
+        # A miss waits for the tree under way, then for the fallback: max(1, T_p) + T_b.
+        return tokens / (0.12 * (0.5 * max(1.0, t_p) + 0.5 * (max(1.0, t_p) + t_b)))
 
     # A plan with F_K = 0 skips the fork forward over the last proposal ...
     assert predict({**run, "fanout_policy": "geometric"}, c, k) == pytest.approx(expected(0.0))

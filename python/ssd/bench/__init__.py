@@ -1,5 +1,8 @@
 """``python -m ssd.bench``: AR, SD and SSD side by side on real prompts, the speed model checked.
 
+This is the default run; ``python -m ssd.bench --help`` lists the other
+benchmarks (``decode``, ``fallback``, the kernel scripts).
+
 The default pair is CONSTRUCTED (``ssd.testing.regime_pair``: draft =
 SmolLM2-135M-Instruct as shipped, target = the same model with ballast and
 perturbing layers; it claims nothing about any published model). ``--target``
@@ -18,15 +21,16 @@ Measured per run (a mode at one dataset, batch size and temperature):
 
 Predicted per run, from component times measured IN ISOLATION at the run's
 batch size and mean context (``ssd._C.SequenceRunner``, the placement's
-threads), never from the run's round times:
+threads), never from the run's round times, by the speed model
+``ssd._C.predict_round`` (csrc/include/ssd/speed_model.h), in units of one
+verify forward with verify_cost = t_verify(B) / t_ar(B):
 
 * ar:  B / t_ar(B)
-* sd:  B * tokens_per_round / (K t_d(B) + t_verify(B))
-* ssd: B (p E_hit + (1 - p) E_miss) / (t_verify(B) (P max(1, T_p) + (1 - P)(1 + T_b)))
-  with T_p = (t_d(B) + K t_tree(rows)) / t_verify(B) (fork-point forward and
-  K tree steps over the run's mean branch rows), T_b = (neural share) K
-  t_d(B) / t_verify(B), p the hit rate and P = p^B the chance that no
-  sequence of the batch misses.
+* sd:  sequential rounds, E = tokens_per_round, T_p = K t_d(B) / t_verify(B)
+* ssd: overlapped rounds with p the hit rate, E_hit, E_miss,
+  T_p = (t_fork(B) + K t_tree(rows)) / t_verify(B) (fork-point forward and K
+  tree steps over the run's mean branch rows) and T_b = (neural share) K
+  t_d(B) / t_verify(B); a round with a miss costs max(1, T_p) + T_b.
 
 Placement: in every mode the target gets ``--target-threads`` (default 1);
 ``sd`` runs its draft on the target's threads (the two take turns), ``ssd``

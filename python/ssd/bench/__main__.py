@@ -1,12 +1,50 @@
-"""python -m ssd.bench: see ``ssd.bench`` (``python -m ssd.bench --help``)."""
+"""python -m ssd.bench: the one entry point of the project's benchmarks (``python -m ssd.bench --help``).
+
+Without a subcommand it runs the default benchmark (``ssd.bench``'s docstring);
+``decode`` and ``fallback`` are the others, and the kernel benchmarks stay
+scripts in the source tree (listed in the help's epilog).
+"""
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
 import sys
 from pathlib import Path
 
 from .core import DATASETS, MODES, BenchConfig, run_bench
+from .record import BENCH_PROG, command_line, write_result
+
+# name -> (module with main(argv), its arguments in the listing, what it measures)
+SUBCOMMANDS = {
+    "decode": ("ssd.bench.decode", "[--quick] [--json FILE] [--plot FILE]",
+               "batch-1 decode tok/s of ssd beside transformers on SmolLM2-135M, and the memory-bandwidth bound"),
+    "fallback": ("ssd.bench.fallback", "--auto FILE [--json FILE] [--plot FILE]",
+                 "ssd with the neural and the fast cache-miss fallback forced, beside a default run's auto"),
+}
+# bench/kernels/<script> -> (its arguments, what it measures); run from the source tree's root.
+KERNEL_BENCHES = {
+    "bench_paged_attention.py": ("[--quick] [--json FILE]", "paged_attention: time, bandwidth, GFLOP/s"),
+    "bench_fork_attention.py": ("[--quick] [--json FILE]", "fork_attention (one tree-decode step)"),
+    "bench_fork_select.py": ("[--json FILE]", "fork_select"),
+    "bench_saguaro_sample.py": ("[--json FILE]", "saguaro_sample (SAGUARO sampling)"),
+    "bench_verify.py": ("[--json FILE] [--repeats N]", "verify (rejection sampling)"),
+    "bench_kv_commit.py": ("[--json FILE]", "kv_commit: time and bytes moved"),
+}
+
+
+def epilog() -> str:
+    lines = ["every benchmark of the project:",
+             f"  {BENCH_PROG} [options]",
+             "      this one: AR, SD and SSD side by side, beside the speed model (a list for",
+             "      --regime-acceptance or --regime-cost-ratio sweeps constructed pairs)"]
+    for name, (_, usage, what) in SUBCOMMANDS.items():
+        lines += [f"  {BENCH_PROG} {name} {usage}", f"      {what}"]
+    lines.append("  kernel benchmarks (scripts in the source tree; run from its root):")
+    for script, (usage, what) in KERNEL_BENCHES.items():
+        lines += [f"  PYTHONPATH=python python bench/kernels/{script} {usage}", f"      {what}"]
+    lines += ["", f"{BENCH_PROG} SUBCOMMAND --help describes a subcommand. Every JSON result records the",
+              "command that produced it and the machine (\"command\", \"machine\")."]
+    return "\n".join(lines)
 
 
 def _list(kind):
@@ -43,7 +81,9 @@ def _regime(name: str):
 
 
 def parse_args(argv=None) -> tuple[BenchConfig, argparse.Namespace]:
-    ap = argparse.ArgumentParser(prog="python -m ssd.bench",
+    usage = f"%(prog)s [options]  (the default run)\n       %(prog)s {{{','.join(SUBCOMMANDS)}}} ..."
+    ap = argparse.ArgumentParser(prog=BENCH_PROG, usage=usage, epilog=epilog(),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                  description="AR, SD and SSD side by side on real prompts, beside the speed model.")
     ap.add_argument("--target", help="target model (HF directory or GGUF); default: the constructed regime pair")
     ap.add_argument("--draft", help="draft model (with --target)")
@@ -176,10 +216,17 @@ def print_table(result: dict, out=sys.stdout) -> None:
               file=out)
     elif any(r.get("same_tokens_as_ar") for r in result["runs"]):
         print("temperature 0: every mode produced ar's tokens", file=out)
-    # Headline ratios per (pair when sweeping, dataset, batch, temperature).
-    keys = sorted({(*value_of(r), r["dataset"], r["batch_size"], r["temperature"]) for r in result["runs"]})
+    print_headlines(result["runs"], sweep, value_of, out)
+    if sweep:
+        print_sweep(sweep, out)
+
+
+def print_headlines(runs: list[dict], sweep: dict | None, value_of, out=sys.stdout) -> None:
+    """One line per (pair when sweeping, dataset, batch, temperature): SSD against SD and the best of
+    AR and SD, the speed model's error, and the best mode on the same total hardware."""
+    keys = sorted({(*value_of(r), r["dataset"], r["batch_size"], r["temperature"]) for r in runs})
     for key in keys:
-        rs = {(r["mode"], r["same_total_hardware"]): r for r in result["runs"]
+        rs = {(r["mode"], r["same_total_hardware"]): r for r in runs
               if (*value_of(r), r["dataset"], r["batch_size"], r["temperature"]) == key}
         ssd, sd, ar = rs.get(("ssd", False)), rs.get(("sd", False)), rs.get(("ar", False))
         if not (ssd and sd and ar):
@@ -199,8 +246,6 @@ def print_table(result: dict, out=sys.stdout) -> None:
             line += (f"; same total hardware: best {best['mode']} on {best['target_threads']} thr "
                      f"{best['decode_tok_per_s']:.2f} tok/s -> SSD {ssd['decode_tok_per_s'] / best['decode_tok_per_s']:.2f}x")
         print(line, file=out)
-    if sweep:
-        print_sweep(sweep, out)
 
 
 def print_sweep(sweep: dict, out=sys.stdout) -> None:
@@ -220,6 +265,9 @@ def print_sweep(sweep: dict, out=sys.stdout) -> None:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        return importlib.import_module(SUBCOMMANDS[argv[0]][0]).main(argv[1:])
     cfg, args = parse_args(argv)
     try:
         cfg.validate()
@@ -229,9 +277,7 @@ def main(argv=None) -> int:
     result = run_bench(cfg)
     print_table(result)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
-        print(f"wrote {args.json}")
+        print(f"wrote {write_result(args.json, result, command_line(argv, BENCH_PROG))}")
     if args.plots:
         from .plots import write_plots
 

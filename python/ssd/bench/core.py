@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import gc
-import platform
 import random
 import statistics
 import time
@@ -10,13 +9,11 @@ from dataclasses import asdict, dataclass, field
 
 from tqdm import tqdm
 
+from .record import machine
+
 DATASETS = ("humaneval", "mtbench", "sharegpt", "random")
 MODES = ("ar", "sd", "ssd")
-COUNTERS = ("rounds", "draft_tokens_proposed", "draft_tokens_accepted", "cache_lookups", "cache_hits",
-            "fallback_neural", "fallback_fast", "hit_tokens", "miss_tokens", "kv_commits", "tree_branches",
-            "verify_steps", "verify_seconds", "active_seconds", "target_wait_seconds", "draft_rounds",
-            "draft_round_seconds", "fallback_batches", "fallback_seconds", "forward_seconds",
-            "generated_tokens", "steps", "fast_tokens_proposed", "fast_tokens_accepted")
+
 
 
 @dataclass
@@ -144,7 +141,8 @@ def run_engine(target, draft, mode: str, prompts: list, cfg: BenchConfig, batch:
             ttft += [m["time_to_first_token"] for m in metrics]
             contexts += [m["prompt_tokens"] + m["generated_tokens"] / 2 for m in metrics]
         after = llm.stats()
-    counters = {key: after[key] - before[key] for key in COUNTERS}
+    # Only the summed counters have meaningful deltas; the core names them.
+    counters = {key: after[key] - before[key] for key in _C.counter_names()}
     metrics = _C.speed_metrics(counters)
     return {"mode": mode, "batch_size": batch, "temperature": temperature, "k": cfg.k if mode != "ar" else 0,
             "target_threads": target_threads, "draft_threads": cfg.draft_threads if mode == "ssd" else 0,
@@ -218,32 +216,35 @@ def components(target_core, draft_core, context: float, k: int, batch: int, tree
 
 
 def predict(run: dict, c: dict, k: int) -> float:
-    """The speed model's decode tok/s for a run, from isolated component times."""
+    """The speed model's decode tok/s for a run, from isolated component times.
+
+    The round costs are ``_C.predict_round``'s (the one statement of the model);
+    this only turns the isolated times into its inputs, relative to one verify
+    forward, and its speedup (tokens per sequence per AR step) into tok/s.
+    """
+    from ssd import _C
+
     b = run["batch_size"]
     if run["mode"] == "ar":
         return b / c["t_ar"]
+    verify_cost = c["t_verify"] / c["t_ar"]
     if run["mode"] == "sd":
-        return b * run["tokens_per_round"] / (k * c["t_draft"] + c["t_verify"])
+        round_ = _C.predict_round(e_hit=run["tokens_per_round"], t_p=k * c["t_draft"] / c["t_verify"],
+                                  batch=b, verify_cost=verify_cost, overlapped=False)
+        return b * round_["speedup"] / c["t_ar"]
     cnt = run["counters"]
     misses = cnt["fallback_neural"] + cnt["fallback_fast"]
+    # A fast (n-gram) fallback costs no draft forwards; only the neural share waits for K draft steps.
     neural_share = cnt["fallback_neural"] / misses if misses else 1.0
     # The fork forward over the last proposal runs only when F_K > 0 (always under "confidence",
     # whose "fanout" is the last tree's branch counts, not a plan).
     fork_runs = run.get("fanout_policy") == "confidence" or not run.get("fanout") or run["fanout"][-1] > 0
     fork = c.get("t_fork", c["t_draft"]) if fork_runs else 0.0
-    t_p = (fork + k * c["t_tree"]) / c["t_verify"]
-    t_b = neural_share * k * c["t_draft"] / c["t_verify"]
-    p = run["cache_hit_rate"]
-    all_hit = p ** b
-    tokens = p * run["e_hit"] + (1 - p) * run["e_miss"]
-    return b * tokens / (c["t_verify"] * (all_hit * max(1.0, t_p) + (1 - all_hit) * (1 + t_b)))
-
-
-def machine() -> dict:
-    import os
-
-    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "python": platform.python_version()}
+    round_ = _C.predict_round(p_hit=run["cache_hit_rate"], e_hit=run["e_hit"], e_miss=run["e_miss"],
+                              t_p=(fork + k * c["t_tree"]) / c["t_verify"],
+                              t_b=neural_share * k * c["t_draft"] / c["t_verify"],
+                              batch=b, verify_cost=verify_cost, overlapped=True)
+    return b * round_["speedup"] / c["t_ar"]
 
 
 def as_dict(cfg: BenchConfig) -> dict:

@@ -8,7 +8,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 
-class _StampStreamer:
+class StampStreamer:
     """A generate() streamer that records when each new token arrives."""
 
     def __init__(self):
@@ -26,13 +26,18 @@ class _StampStreamer:
         pass
 
 
-def _load_hf(path: str, dtype):
+def load_hf(path: str, dtype):
+    """A transformers model from an HF directory or a GGUF file, in eval mode."""
+    import transformers
     from transformers import AutoModelForCausalLM
 
+    # transformers renamed torch_dtype to dtype in 4.56.
+    version = tuple(int(x) for x in transformers.__version__.split(".")[:2])
+    kwargs = {"dtype": dtype} if version >= (4, 56) else {"torch_dtype": dtype}
     p = Path(path)
     if p.is_file():  # a GGUF file
-        return AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=dtype).eval()
-    return AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype).eval()
+        return AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, **kwargs).eval()
+    return AutoModelForCausalLM.from_pretrained(str(p), **kwargs).eval()
 
 
 def run_hf_peers(target_path: str, draft_path: str, prompts: list[list[int]], cfg, temperature: float) -> list[dict]:
@@ -42,14 +47,14 @@ def run_hf_peers(target_path: str, draft_path: str, prompts: list[list[int]], cf
 
     torch.set_num_threads(cfg.target_threads)
     dtype = getattr(torch, cfg.dtype)
-    target = _load_hf(target_path, dtype)
-    draft = _load_hf(draft_path, dtype)
+    target = load_hf(target_path, dtype)
+    draft = load_hf(draft_path, dtype)
     results = []
     for name, assistant in (("hf generate", None), ("hf assisted", draft)):
         decode_s, decode_tokens, tokens, wall, ttft = 0.0, 0, 0, 0.0, []
         for i, ids in enumerate(tqdm(prompts, desc=name, leave=False)):
             x = torch.tensor([ids], dtype=torch.long)
-            streamer = _StampStreamer()
+            streamer = StampStreamer()
             kwargs = dict(max_new_tokens=cfg.max_tokens, min_new_tokens=cfg.max_tokens, streamer=streamer,
                           attention_mask=torch.ones_like(x), pad_token_id=target.generation_config.eos_token_id
                           if not isinstance(target.generation_config.eos_token_id, list)

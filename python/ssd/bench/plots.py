@@ -1,9 +1,19 @@
 """PNG plots of a benchmark result (matplotlib, Agg backend)."""
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 MODE_COLORS = {"ar": "#7f7f7f", "sd": "#1f77b4", "ssd": "#d62728"}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def _own_hardware(result):
@@ -11,11 +21,7 @@ def _own_hardware(result):
 
 
 def write_plots(result: dict, directory: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     directory.mkdir(parents=True, exist_ok=True)
     runs = _own_hardware(result)
     if "sweep" in result:
@@ -129,11 +135,7 @@ def write_sweep_plot(sweep: dict, directory: Path) -> Path:
     """sweep_<parameter>.png: SSD over SD and over max(AR, SD) against the swept parameter, measured
     (markers) and predicted by the speed model (lines of the same colour), one series per dataset
     (and batch / temperature when several)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     directory.mkdir(parents=True, exist_ok=True)
     parameter, points = sweep["parameter"], sweep["points"]
     (fixed_name, fixed_value), = sweep["fixed"].items()
@@ -173,5 +175,84 @@ def write_sweep_plot(sweep: dict, directory: Path) -> Path:
     fig.tight_layout(rect=(0, 0, 0.85, 1))
     path = directory / f"sweep_{parameter}.png"
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+
+def write_decode_plot(path: Path, rows: list[dict], meta: dict, machine: dict) -> Path:
+    """Bars of decode tok/s per (dtype, threads) and engine (median, min-max whiskers), with the
+    bandwidth bound of each group as a dashed line."""
+    from .decode import DTYPES, ENGINES
+
+    plt = _pyplot()
+    groups = sorted({(r["dtype"], r["threads"]) for r in rows}, key=lambda g: (DTYPES.index(g[0]), g[1]))
+    engines = [e for e in ENGINES if any(r["engine"] == e for r in rows)]
+    by_key = {(r["engine"], r["dtype"], r["threads"]): r for r in rows}
+    width = 0.8 / len(engines)
+    colors = {"ssd": "#1f77b4", "transformers": "#ff7f0e"}
+    fig, ax = plt.subplots(figsize=(3.6 + 2.0 * len(groups), 4.5))
+    for j, engine in enumerate(engines):
+        xs, heights, errs = [], [], [[], []]
+        for i, g in enumerate(groups):
+            r = by_key.get((engine, *g))
+            if r is None:
+                continue
+            xs.append(i - 0.4 + width * (j + 0.5))
+            heights.append(r["tok_s"])
+            errs[0].append(r["tok_s"] - r["tok_s_min"])
+            errs[1].append(r["tok_s_max"] - r["tok_s"])
+        bars = ax.bar(xs, heights, width, yerr=errs, capsize=3, label=engine, color=colors[engine])
+        ax.bar_label(bars, fmt="%.1f", padding=2, fontsize=8)
+    for i, g in enumerate(groups):
+        bound = next(r["bound_tok_s"] for r in rows if (r["dtype"], r["threads"]) == g)
+        ax.hlines(bound, i - 0.45, i + 0.45, colors="k", linestyles="--", linewidth=1.2,
+                  label="bandwidth bound" if i == 0 else None)
+    ax.set_xticks(range(len(groups)), [f"{d}\n{t} thread{'s' if t > 1 else ''}" for d, t in groups])
+    ax.set_ylabel("decode tokens/s (batch 1)")
+    ax.set_title(f"SmolLM2-135M-Instruct decode, {meta['max_tokens']} new tokens, "
+                 f"{meta['prompt_tokens']}-token prompt (bars: median, whiskers: min-max)\n"
+                 f"{machine['cpu_model']}, {machine['cpus']} logical CPUs", fontsize=9)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.1)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+FALLBACK_STYLES = {"ar": ("#7f7f7f", "o", "ar"), "sd": ("#1f77b4", "s", "sd"),
+                   "ssd_neural": ("#d62728", "^", "ssd, neural fallback"),
+                   "ssd_fast": ("#ff7f0e", "v", "ssd, fast (n-gram) fallback"),
+                   "ssd_auto": ("#2ca02c", "D", "ssd, auto")}
+
+
+def write_fallback_plot(path: Path, rows: list[dict], title: str) -> Path:
+    """Decode tok/s against batch size, one panel per temperature: ar, sd and ssd with each fallback."""
+    plt = _pyplot()
+    temps = sorted({x["temperature"] for x in rows})
+    fig, axes = plt.subplots(1, len(temps), figsize=(max(7.5, 6 * len(temps)), 4.4), squeeze=False)
+    for ax, t in zip(axes[0], temps):
+        sel = [x for x in rows if x["temperature"] == t]
+        batches = [x["batch_size"] for x in sel]
+        for key, (color, marker, label) in FALLBACK_STYLES.items():
+            ax.plot(batches, [x[key] for x in sel], marker=marker, color=color, label=label,
+                    linestyle="--" if key == "ssd_auto" else "-")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(batches, [str(b) for b in batches])
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("decode tokens/s (all sequences)")
+        ax.set_title(f"temperature {t:g}")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    # A one-panel figure is narrow: wrap the title rather than cut it.
+    fig.suptitle(textwrap.fill(title, 90 if len(temps) > 1 else 80), fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

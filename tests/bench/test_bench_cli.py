@@ -1,0 +1,238 @@
+"""python -m ssd.bench as the one benchmark entry point: subcommands, provenance of results, the
+speed model's inputs, and the decode and fallback benchmarks' bookkeeping (no models built)."""
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import ssd
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def bench(*args):
+    env = {**os.environ, "PYTHONPATH": str(Path(ssd.__file__).resolve().parents[1])}
+    return subprocess.run([sys.executable, "-m", "ssd.bench", *args], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=REPO)
+
+
+# ---------------------------------------------------------------- one entry point
+
+
+def test_help_lists_every_benchmark():
+    from ssd.bench.__main__ import KERNEL_BENCHES, SUBCOMMANDS
+
+    proc = bench("--help")
+    assert proc.returncode == 0, proc.stderr
+    for name in SUBCOMMANDS:
+        assert f"python -m ssd.bench {name} " in proc.stdout, name
+    scripts = sorted(p.name for p in (REPO / "bench" / "kernels").glob("bench_*.py"))
+    # A kernel benchmark added to bench/kernels/ without a line in the help fails here.
+    assert sorted(KERNEL_BENCHES) == scripts
+    for script in scripts:
+        assert f"python bench/kernels/{script}" in proc.stdout, script
+    assert "--regime-acceptance" in proc.stdout  # the default run's own options are still there
+
+
+def test_bench_directory_holds_only_results_and_kernel_benchmarks():
+    assert {p.name for p in (REPO / "bench").iterdir()} <= {"kernels", "results"}
+
+
+@pytest.mark.parametrize("name, option", [("decode", "--bw-mb"), ("fallback", "--auto")])
+def test_subcommand_help(name, option):
+    proc = bench(name, "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"usage: python -m ssd.bench {name}") and option in proc.stdout
+
+
+def test_decode_rejects_bad_options():
+    proc = bench("decode", "--max-tokens", "1")
+    assert proc.returncode == 2 and "--max-tokens must be at least 2" in proc.stderr
+    proc = bench("decode", "--threads", "0")
+    assert proc.returncode == 2 and "must be positive" in proc.stderr
+
+
+# ---------------------------------------------------------------- provenance
+
+
+def test_command_line_is_shell_quoted():
+    from ssd.bench.record import BENCH_PROG, command_line
+
+    assert command_line(["decode", "--quick"], BENCH_PROG) == "python -m ssd.bench decode --quick"
+    assert command_line([], BENCH_PROG) == "python -m ssd.bench"
+    assert command_line(["--json", "my results.json"], "python bench/kernels/bench_verify.py") == \
+        "python bench/kernels/bench_verify.py --json 'my results.json'"
+
+
+def test_write_result_records_command_and_machine(tmp_path, monkeypatch):
+    from ssd.bench.record import write_result
+
+    monkeypatch.setattr(sys, "argv", ["bench/kernels/bench_verify.py", "--json", "out dir/v.json"])
+    path = write_result(tmp_path / "sub" / "v.json", {"results": [1, 2], "machine": "stale"})
+    doc = json.loads(path.read_text())
+    assert list(doc)[:2] == ["command", "machine"]
+    assert doc["command"] == "python bench/kernels/bench_verify.py --json 'out dir/v.json'"
+    machine = doc["machine"]
+    assert {"platform", "processor", "cpu_model", "cpus", "python", "torch"} <= set(machine)
+    assert machine["cpus"] == os.cpu_count() and machine["cpu_model"] and machine["torch"]
+    assert doc["results"] == [1, 2]
+    doc = json.loads(write_result(tmp_path / "w.json", {}, "python -m ssd.bench --quick").read_text())
+    assert doc["command"] == "python -m ssd.bench --quick"
+
+
+# ---------------------------------------------------------------- the speed model's inputs
+
+
+COMPONENTS = {"t_ar": 0.1, "t_verify": 0.15, "t_draft": 0.025, "t_fork": 0.015, "t_tree": 0.03}
+
+
+def test_predict_ar_and_sd():
+    from ssd.bench.core import predict
+
+    c, k = COMPONENTS, 4
+    assert predict({"mode": "ar", "batch_size": 2}, c, k) == pytest.approx(2 / 0.1)
+    # sd: one round is K draft steps, then the verify, for tokens_per_round tokens per sequence.
+    run = {"mode": "sd", "batch_size": 2, "tokens_per_round": 2.5}
+    assert predict(run, c, k) == pytest.approx(2 * 2.5 / (k * 0.025 + 0.15))
+
+
+def test_predict_ssd_at_batch_two_waits_on_any_miss():
+    from ssd.bench.core import predict
+
+    c, k = COMPONENTS, 4
+    run = {"mode": "ssd", "batch_size": 2, "cache_hit_rate": 0.8, "e_hit": 3.0, "e_miss": 2.0,
+           "counters": {"fallback_neural": 1, "fallback_fast": 1}, "fanout": [1, 1, 1, 1, 1],
+           "fanout_policy": "geometric"}
+    t_p = (0.015 + k * 0.03) / 0.15
+    t_b = 0.5 * k * 0.025 / 0.15
+    all_hit = 0.8 ** 2  # both sequences must hit for the round to skip the fallback
+    tokens = 0.8 * 3.0 + 0.2 * 2.0
+    expected = 2 * tokens / (0.15 * (all_hit * max(1, t_p) + (1 - all_hit) * (max(1, t_p) + t_b)))
+    assert predict(run, c, k) == pytest.approx(expected)
+
+
+def test_counters_come_from_the_core():
+    from ssd import _C
+
+    names = _C.counter_names()
+    assert {"rounds", "cache_hits", "fallback_neural", "draft_round_seconds", "generated_tokens"} <= set(names)
+    source = (REPO / "python" / "ssd" / "bench" / "core.py").read_text()
+    assert "counter_names()" in source and "COUNTERS = (" not in source
+
+
+# ---------------------------------------------------------------- decode
+
+
+def _decode_rows():
+    def row(engine, dtype, threads, rates, tokens, other=0.0):
+        return {"engine": engine, "dtype": dtype, "threads": threads, "rates": rates, "ttft_s": [0.3] * len(rates),
+                "token_ids": tokens, "other_cpu_fraction": other}
+
+    return [row("ssd", "float32", 1, [30.0, 36.0, 33.0], [1, 2, 3, 4]),
+            row("transformers", "float32", 1, [15.0, 16.5, 16.0], [1, 2, 9, 4], other=0.2)]
+
+
+def test_decode_summary_and_table():
+    from ssd.bench.decode import summarise, table
+
+    rows = _decode_rows()
+    bw = {1: {"gbps": 20.0, "other_cpu_fraction": 0.01}}
+    bytes_per_token = {"float32": 500_000_000}
+    summarise(rows, bw, bytes_per_token)
+    ssd_row, hf_row = rows
+    assert ssd_row["tok_s"] == 33.0 and (ssd_row["tok_s_min"], ssd_row["tok_s_max"]) == (30.0, 36.0)
+    assert ssd_row["bound_tok_s"] == pytest.approx(40.0) and ssd_row["fraction_of_bound"] == pytest.approx(33 / 40)
+    assert ssd_row["speedup_vs_transformers"] == pytest.approx(33.0 / 16.0)
+    assert hf_row["speedup_vs_transformers"] is None
+    assert ssd_row["greedy_prefix_match"] == hf_row["greedy_prefix_match"] == 2
+    text = table(rows, bw, bytes_per_token, max_tokens=4)
+    assert "2.06x" in text and "2/4" in text and "copy bandwidth 1 thread(s): 20.00 GB/s" in text
+    assert "WARNING: other processes used more than 10%" in text  # transformers ran beside 20% other load
+
+
+def test_decode_worker_measures_bandwidth_and_rejects_unknown_jobs(capsys):
+    from ssd.bench.decode_worker import MARK_RESULT, main
+
+    assert main([json.dumps({"kind": "bandwidth", "threads": 1, "bw_mb": 8})]) == 0
+    result = json.loads(capsys.readouterr().out.splitlines()[-1][len(MARK_RESULT):])
+    assert result["bytes"] == 2 * 8 * 2**20 and result["gbps"] > 0
+    assert main([json.dumps({"kind": "llama.cpp"})]) == 2
+    assert "unknown job kind 'llama.cpp'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- fallback
+
+
+def _run(mode, b, t, tok_s, **extra):
+    return {"mode": mode, "batch_size": b, "temperature": t, "same_total_hardware": False,
+            "decode_tok_per_s": tok_s, **extra}
+
+
+def _auto_doc():
+    ssd_extra = {"counters": {"fallback_neural": 5, "fallback_fast": 2}}
+    runs = [_run("ar", 1, 0.0, 10.0), _run("sd", 1, 0.0, 15.0), _run("ssd", 1, 0.0, 17.0, **ssd_extra),
+            _run("ar", 2, 0.0, 18.0), _run("sd", 2, 0.0, 19.0), _run("ssd", 2, 0.0, 19.5, **ssd_extra),
+            {**_run("ar", 1, 0.0, 99.0), "same_total_hardware": True}]
+    config = {"target": None, "draft": None, "regime_acceptance": 0.75, "regime_cost_ratio": 0.25,
+              "datasets": ["mtbench"], "batches": [1, 2], "temperatures": [0.0], "modes": ["ar", "sd", "ssd"],
+              "fanout": "geometric", "fallback": "auto", "same_total_hardware": True, "peers": ["hf"],
+              "a_field_of_a_future_version": 1}
+    return {"config": config, "pair": {"constructed": True}, "runs": runs}
+
+
+def _forced(kind, b, tok_s, hit):
+    return {"decode_tok_per_s": tok_s, "cache_hit_rate": hit, "t_b": 0.5 if kind == "neural" else 0.0,
+            "e_miss": 3.0 if kind == "neural" else 1.5, "predicted_tok_per_s": tok_s + 1}
+
+
+def test_fallback_rows():
+    from ssd.bench.fallback import fallback_rows, plot_title, print_rows
+
+    forced = {"neural": {(1, 0.0): _forced("neural", 1, 16.0, 0.5), (2, 0.0): _forced("neural", 2, 21.0, 0.6)},
+              "fast": {(1, 0.0): _forced("fast", 1, 18.0, 0.5), (2, 0.0): _forced("fast", 2, 20.0, 0.6)}}
+    rows = fallback_rows(_auto_doc()["runs"], forced)
+    assert [(r["batch_size"], r["better_fixed"]) for r in rows] == [(1, "fast"), (2, "neural")]
+    one, two = rows
+    assert (one["ar"], one["sd"], one["ssd_auto"], one["ssd_neural"], one["ssd_fast"]) == (10.0, 15.0, 17.0, 16.0, 18.0)
+    assert (one["auto_neural_misses"], one["auto_fast_misses"]) == (5, 2)
+    assert two["all_hit"] == pytest.approx(0.36) and two["e_miss_fast"] == 1.5
+    out = io.StringIO()
+    print_rows(rows, out)
+    assert len(out.getvalue().splitlines()) == 3
+    assert "CONSTRUCTED regime pair, mtbench" in plot_title(_auto_doc())
+
+
+def test_fallback_reruns_the_auto_runs_configuration():
+    from ssd.bench.fallback import forced_config
+
+    cfg = forced_config(_auto_doc(), "fast")
+    assert (cfg.fallback, cfg.modes, cfg.same_total_hardware, cfg.peers) == ("fast", ["ssd"], False, [])
+    assert (cfg.fanout, cfg.batches, cfg.datasets) == ("geometric", [1, 2], ["mtbench"])
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d.update(sweep={}), "a regime sweep's result"),
+    (lambda d: d.pop("runs"), "not a result of python -m ssd.bench"),
+    (lambda d: d.update(runs=[r for r in d["runs"] if not (r["mode"] == "sd" and r["batch_size"] == 2)]),
+     "no sd run at batch 2, temperature 0.0"),
+])
+def test_fallback_rejects_an_unusable_auto_result(tmp_path, capsys, change, message):
+    from ssd.bench.fallback import main
+
+    doc = _auto_doc()
+    change(doc)
+    path = tmp_path / "auto.json"
+    path.write_text(json.dumps(doc))
+    assert main(["--auto", str(path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_fallback_rejects_a_missing_file(tmp_path, capsys):
+    from ssd.bench.fallback import main
+
+    assert main(["--auto", str(tmp_path / "none.json")]) == 2
+    assert "none.json" in capsys.readouterr().err
