@@ -18,17 +18,17 @@ LOGGER = logging.getLogger("ssd")
 LOGGER.addHandler(logging.NullHandler())
 
 
-def sync_level() -> None:
-    """Tells the core the ``ssd`` logger's effective level."""
-    from ssd import _C
-
-    _C.set_log_level(LOGGER.getEffectiveLevel())
+def sync_level(core) -> None:
+    """Tells the core (the ``ssd._C`` module) the ``ssd`` logger's effective level."""
+    core.set_log_level(LOGGER.getEffectiveLevel())
 
 
-def forward() -> None:
-    """Hands the core's queued records to the ``ssd`` logger, then re-syncs the level."""
-    from ssd import _C
+def forward(core) -> None:
+    """Hands the core's queued records to the ``ssd`` logger, then re-syncs the level.
 
-    for level, message in _C.drain_log():
+    ``core`` is passed in rather than imported, so that this also works while
+    the interpreter shuts down (an LLM collected then still drains its log).
+    """
+    for level, message in core.drain_log():
         LOGGER.log(level, message)
-    sync_level()
+    sync_level(core)

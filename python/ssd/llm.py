@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
+from ssd import _logging
 from ssd.config import EngineConfig, SamplingParams
 
 @dataclass
@@ -77,12 +78,6 @@ class _Tracker:
         return chunk
 
 
-def _forward_log() -> None:
-    from ssd import _logging
-
-    _logging.forward()
-
-
 def _find_stop(text: str, stops: list[str], start: int) -> int | None:
     hits = [i for i in (text.find(s, start) for s in stops) if i >= 0]
     return min(hits) if hits else None
@@ -118,13 +113,15 @@ class LLM:
             raise ValueError(f"draft: mode {config.mode!r} needs a draft model")
         import torch
 
-        from ssd import _C, _logging, models
+        from ssd import _C, models
         from ssd.testing.switches import TestingConfig
 
         if testing is not None and not isinstance(testing, TestingConfig):
             raise ValueError(f"testing: expected ssd.testing.TestingConfig, got {type(testing).__name__}")
         self.config = config
-        _logging.sync_level()
+        self._core = _C
+        self._closed = False
+        _logging.sync_level(_C)
 
         def load(source):
             # An already loaded model (ssd.models.load with this config's dtype) is reused as is.
@@ -215,7 +212,7 @@ class LLM:
         """Routes ready responses to their trackers; returns the ids touched."""
         touched = []
         responses = self._engine.await_responses(timeout)
-        _forward_log()
+        _logging.forward(self._core)
         for r in responses:
             tracker = self._trackers.get(r["id"])
             if tracker is None or tracker.done:
@@ -308,14 +305,17 @@ class LLM:
 
     def stats(self) -> dict:
         stats = dict(self._engine.stats())
-        _forward_log()
+        _logging.forward(self._core)
         return stats
 
     def shutdown(self) -> None:
+        """Stops the engine (idempotent); later calls to generate raise."""
         engine = getattr(self, "_engine", None)
-        if engine is not None:
-            engine.shutdown()
-            _forward_log()
+        if engine is None or self._closed:
+            return
+        self._closed = True
+        engine.shutdown()
+        _logging.forward(self._core)
 
     def __enter__(self):
         return self

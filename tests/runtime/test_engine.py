@@ -199,3 +199,24 @@ def test_runtime_failure_ends_only_that_request(model_dir, tmp_path):
 def test_import_is_light():
     code = "import sys, ssd; ssd.SamplingParams; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_shutdown_is_idempotent_and_exit_is_clean(model_dir):
+    """shutdown() twice is fine, later use raises, and an LLM still alive at interpreter exit
+    (collected during teardown) leaves stderr clean."""
+    code = (
+        "from ssd import LLM, SamplingParams\n"
+        f"llm = LLM({str(model_dir)!r}, max_model_len=64)\n"
+        "llm.generate([[1, 2]], SamplingParams(max_tokens=2))\n"
+        "llm.shutdown(); llm.shutdown()\n"
+        "try:\n"
+        "    llm.generate([[1, 2]], SamplingParams(max_tokens=2))\n"
+        "    raise SystemExit('generate after shutdown did not raise')\n"
+        "except RuntimeError as e:\n"
+        "    assert 'shut down' in str(e)\n"
+        f"kept = LLM({str(model_dir)!r}, max_model_len=64)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == "", proc.stderr
