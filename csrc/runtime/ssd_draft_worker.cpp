@@ -209,7 +209,7 @@ void SsdDraftWorker::plan_fanout(int64_t sequences) {
   const int64_t before = planner_.budget();
   fanout_ = planner_.plan(sequences);
   if (planner_.budget() != before)
-    SSD_LOG_INFO("ssd fan-out budget: " << before << " -> " << planner_.budget() << " (auto: the tree of " << sequences
+    SSD_LOG_DEBUG("ssd fan-out budget: " << before << " -> " << planner_.budget() << " (auto: the tree of " << sequences
                                         << " sequences sized to one verify forward, last "
                                         << fallback_.verify_seconds() * 1e3 << " ms)");
 }
