@@ -12,7 +12,7 @@ head, attended key): q.k and the value sum. With 16 branches sharing each
 prefix the op does ~16 FLOP per byte and is compute-bound on a CPU. Run with
 THP_MEM_ALLOC_ENABLE=1 to back the caches with transparent huge pages.
 
-    PYTHONPATH=python python bench/kernels/bench_fork_attention.py [--quick] [--json FILE]
+    python bench/kernels/bench_fork_attention.py [--quick] [--json FILE]
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Times torch.ops.ssd.fork_select on the CPU over representative shapes.
 
-Usage: PYTHONPATH=python python bench/kernels/bench_fork_select.py [--json FILE]
+Usage: python bench/kernels/bench_fork_select.py [--json FILE]
 """
 from __future__ import annotations
 

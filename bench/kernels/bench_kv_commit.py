@@ -1,6 +1,6 @@
 """CPU time of kv_commit per call, and the bytes it moves, on model-like cache shapes.
 
-    PYTHONPATH=python python bench/kernels/bench_kv_commit.py [--json FILE]
+    python bench/kernels/bench_kv_commit.py [--json FILE]
 
 A call copies n rows per layer and per K/V: bytes moved = 2 (read + write) *
 layers * 2 * n * kv_heads * head_dim * 4. tree "own": separate tree pages;

@@ -8,7 +8,7 @@ count. Caches are cycled so that each call reads from memory, not L2/L3. GFLOP/s
 counts 4 * head_dim per (query head, attended key): q.k and the value sum.
 Run with THP_MEM_ALLOC_ENABLE=1 to back the caches with transparent huge pages.
 
-    PYTHONPATH=python python bench/kernels/bench_paged_attention.py [--quick] [--json FILE]
+    python bench/kernels/bench_paged_attention.py [--quick] [--json FILE]
 """
 from __future__ import annotations
 

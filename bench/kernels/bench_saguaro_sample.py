@@ -1,6 +1,6 @@
 """Times torch.ops.ssd.saguaro_sample on the CPU over representative shapes.
 
-Usage: PYTHONPATH=python python bench/kernels/bench_saguaro_sample.py [--json FILE]
+Usage: python bench/kernels/bench_saguaro_sample.py [--json FILE]
 """
 from __future__ import annotations
 

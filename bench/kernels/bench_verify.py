@@ -3,7 +3,7 @@
 Plain sampling (temperature 1, no top-k/top-p). The cost grows with the number
 of positions a row processes (accepted + 1), so the table shows the mean
 accepted count next to each time. Usage:
-    PYTHONPATH=python python bench/kernels/bench_verify.py [--json FILE] [--repeats N]
+    python bench/kernels/bench_verify.py [--json FILE] [--repeats N]
 """
 from __future__ import annotations
 

@@ -39,9 +39,9 @@ def epilog() -> str:
              "      --regime-acceptance or --regime-cost-ratio sweeps constructed pairs)"]
     for name, (_, usage, what) in SUBCOMMANDS.items():
         lines += [f"  {BENCH_PROG} {name} {usage}", f"      {what}"]
-    lines.append("  kernel benchmarks (scripts in the source tree; run from its root):")
+    lines.append("  kernel benchmarks (scripts in the source tree, over the installed ssd; run from its root):")
     for script, (usage, what) in KERNEL_BENCHES.items():
-        lines += [f"  PYTHONPATH=python python bench/kernels/{script} {usage}", f"      {what}"]
+        lines += [f"  python bench/kernels/{script} {usage}", f"      {what}"]
     lines += ["", f"{BENCH_PROG} SUBCOMMAND --help describes a subcommand. Every JSON result records the",
               "command that produced it and the machine (\"command\", \"machine\")."]
     return "\n".join(lines)
