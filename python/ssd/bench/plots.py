@@ -16,6 +16,16 @@ def _pyplot():
     return plt
 
 
+def _save(plt, fig, path: Path, dpi: int = 120, rect=None) -> Path:
+    """Lays the figure out, writes it as a PNG (creating its folder) and closes it."""
+    fig.tight_layout(**({} if rect is None else {"rect": rect}))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
 def _own_hardware(result):
     return [r for r in result["runs"] if not r["same_total_hardware"]]
 
@@ -47,10 +57,7 @@ def write_plots(result: dict, directory: Path) -> list[Path]:
     ax.set_ylabel("decode tokens/s")
     ax.set_title(f"Decode speed per mode ({tag}, batch {b0}, T={t0})")
     ax.legend()
-    fig.tight_layout()
-    written.append(directory / "tokens_per_mode.png")
-    fig.savefig(written[-1], dpi=120)
-    plt.close(fig)
+    written.append(_save(plt, fig, directory / "tokens_per_mode.png"))
 
     # 2. Tokens/s against batch size per mode (first dataset, lowest temperature).
     batches = sorted({r["batch_size"] for r in runs})
@@ -65,10 +72,7 @@ def write_plots(result: dict, directory: Path) -> list[Path]:
         ax.set_ylabel("decode tokens/s (all sequences)")
         ax.set_title(f"Throughput against batch size ({datasets[0]}, T={t0})")
         ax.legend()
-        fig.tight_layout()
-        written.append(directory / "tokens_vs_batch.png")
-        fig.savefig(written[-1], dpi=120)
-        plt.close(fig)
+        written.append(_save(plt, fig, directory / "tokens_vs_batch.png"))
 
     # 3. Cache hit rate and acceptance against temperature (ssd runs, first dataset, batch b0).
     temps = sorted({r["temperature"] for r in runs})
@@ -89,10 +93,7 @@ def write_plots(result: dict, directory: Path) -> list[Path]:
         ax.set_ylim(0, 1)
         ax.set_title(f"Hit rate and acceptance ({datasets[0]}, batch {b0})")
         ax.legend()
-        fig.tight_layout()
-        written.append(directory / "hit_rate_vs_temperature.png")
-        fig.savefig(written[-1], dpi=120)
-        plt.close(fig)
+        written.append(_save(plt, fig, directory / "hit_rate_vs_temperature.png"))
 
     # 4. Predicted (isolated components) against measured speedup over ar.
     path = _predicted_vs_measured(plt, runs, directory)
@@ -120,11 +121,7 @@ def _predicted_vs_measured(plt, runs: list[dict], directory: Path) -> Path | Non
     ax.set_ylabel("measured speedup over ar")
     ax.set_title("Speed model check")
     ax.legend()
-    fig.tight_layout()
-    path = directory / "predicted_vs_measured.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, directory / "predicted_vs_measured.png")
 
 
 SWEEP_AXES = {"acceptance": "requested acceptance (teacher-forced top-1 agreement)",
@@ -172,11 +169,7 @@ def write_sweep_plot(sweep: dict, directory: Path) -> Path:
     fixed = SWEEP_AXES.get(fixed_name, fixed_name).split(" (")[0]
     fig.suptitle(f"SSD speedup against {parameter.replace('_', ' ')}: CONSTRUCTED regime pairs "
                  f"({fixed} fixed at {fixed_value:g}; not published models)")
-    fig.tight_layout(rect=(0, 0, 0.85, 1))
-    path = directory / f"sweep_{parameter}.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, directory / f"sweep_{parameter}.png", rect=(0, 0, 0.85, 1))
 
 
 
@@ -216,12 +209,7 @@ def write_decode_plot(path: Path, rows: list[dict], meta: dict, machine: dict) -
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     ax.set_ylim(0, ax.get_ylim()[1] * 1.1)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 FALLBACK_STYLES = {"ar": ("#7f7f7f", "o", "ar"), "sd": ("#1f77b4", "s", "sd"),
@@ -250,9 +238,4 @@ def write_fallback_plot(path: Path, rows: list[dict], title: str) -> Path:
     axes[0][0].legend(fontsize=8)
     # A one-panel figure is narrow: wrap the title rather than cut it.
     fig.suptitle(textwrap.fill(title, 90 if len(temps) > 1 else 80), fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path, dpi=110)
