@@ -63,6 +63,7 @@ EngineConfig engine_config_from(const py::dict& d) {
   get(d, "max_batched_tokens", c.max_batched_tokens);
   get(d, "kv_block_size", c.kv_block_size);
   get(d, "kv_capacity_tokens", c.kv_capacity_tokens);
+  get(d, "kv_cache_gib", c.kv_cache_gib);
   get(d, "dtype", c.dtype);
   get(d, "target_device", c.target_device);
   get(d, "target_threads", c.target_threads);
@@ -98,11 +99,13 @@ TestingConfig testing_config_from(const py::dict& d) {
   TestingConfig t;
   for (auto item : d) {
     const auto key = item.first.cast<std::string>();
-    if (key != "always_miss" && key != "fault_fast_argmax")
+    if (key != "always_miss" && key != "fault_fast_argmax" && key != "fault_worker_dies" && key != "tree_blocks")
       throw std::invalid_argument("testing: unknown switch '" + key + "'");
   }
   get(d, "always_miss", t.always_miss);
   get(d, "fault_fast_argmax", t.fault_fast_argmax);
+  get(d, "fault_worker_dies", t.fault_worker_dies);
+  get(d, "tree_blocks", t.tree_blocks);
   return t;
 }
 
@@ -296,7 +299,16 @@ void bind_engine(py::module_& m) {
            py::arg("timeout") = 0.1)
       .def("cancel", &Engine::cancel)
       .def("shutdown", &Engine::shutdown, py::call_guard<py::gil_scoped_release>())
-      .def("stats", [](const Engine& e) { return stats_dict(e.stats()); });
+      .def("stats", [](const Engine& e) { return stats_dict(e.stats()); })
+      .def("config", [](const Engine& e) {
+             // The resolved values of the fields the engine fills in.
+             const EngineConfig& c = e.config();
+             py::dict d;
+             d["max_model_len"] = c.max_model_len;
+             d["kv_capacity_tokens"] = c.kv_capacity_tokens;
+             return d;
+           },
+           "The automatic fields as the engine resolved them.");
 }
 
 }  // namespace

@@ -19,7 +19,8 @@ struct BlockTable {
 
 class KvCache {
  public:
-  /// Allocates num_blocks blocks of block_size slots for every layer (fp32).
+  /// Reserves num_blocks blocks of block_size zeroed slots for every layer
+  /// (fp32); pages become resident as blocks are first written.
   KvCache(const ModelConfig& config, int64_t num_blocks, int64_t block_size);
 
   int64_t block_size() const { return block_size_; }

@@ -1,9 +1,13 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <sstream>
 #include <string>
 
+#include <unistd.h>
+
 #include "ssd/config.h"
+#include "ssd/log.h"
 #include "ssd/types.h"
 
 namespace ssd {
@@ -16,6 +20,26 @@ namespace {
 
 void positive(const std::string& field, int64_t v) {
   if (v <= 0) bad(field, "must be > 0, got " + std::to_string(v));
+}
+
+void threads(const std::string& field, int64_t v) {
+  if (v <= 0 || v > kMaxThreads)
+    bad(field, "must be in [1, " + std::to_string(kMaxThreads) + "], got " + std::to_string(v));
+}
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::string gib(double bytes) {
+  std::ostringstream out;
+  out.precision(3);
+  out << bytes / kGiB << " GiB";
+  return out.str();
+}
+
+// Physical memory of this machine in bytes (0 when unknown).
+double physical_memory() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
 }
 
 }  // namespace
@@ -52,20 +76,25 @@ void SamplingParams::validate(int64_t vocab_size) const {
   if (top_k < 0) bad("top_k", "must be >= 0 (0 disables it), got " + std::to_string(top_k));
   if (!(top_p > 0 && top_p <= 1)) bad("top_p", "must be in (0, 1], got " + std::to_string(top_p));
   positive("max_tokens", max_tokens);
-  for (int32_t id : stop_token_ids)
-    if (id < 0 || (vocab_size > 0 && id >= vocab_size))
+  for (int32_t id : stop_token_ids) {
+    if (id < 0) bad("stop_token_ids", "token ids must be >= 0, got " + std::to_string(id));
+    if (vocab_size > 0 && id >= vocab_size)
       bad("stop_token_ids", "token id " + std::to_string(id) + " is outside the vocabulary (size " +
                                 std::to_string(vocab_size) + ")");
+  }
 }
 
 void EngineConfig::validate() const {
   if (mode != "ar" && mode != "sd" && mode != "ssd")
     bad("mode", "must be 'ar', 'sd' or 'ssd', got '" + mode + "'");
-  positive("max_model_len", max_model_len);
+  if (max_model_len < 0)
+    bad("max_model_len", "must be > 0 (or 0: what the model supports), got " + std::to_string(max_model_len));
   positive("max_batch", max_batch);
   positive("max_batched_tokens", max_batched_tokens);
   positive("kv_block_size", kv_block_size);
-  if (kv_capacity_tokens < 0) bad("kv_capacity_tokens", "must be >= 0 (0 means automatic)");
+  if (!(std::isfinite(kv_cache_gib) && kv_cache_gib > 0))
+    bad("kv_cache_gib", "must be a number of GiB > 0, got " + std::to_string(kv_cache_gib));
+  if (kv_capacity_tokens < 0) bad("kv_capacity_tokens", "must be >= 0 (0: sized by kv_cache_gib)");
   if (kv_capacity_tokens > 0 && kv_capacity_tokens < max_model_len)
     bad("kv_capacity_tokens", "must hold at least one sequence of max_model_len (" +
                                   std::to_string(max_model_len) + ") tokens, got " +
@@ -76,8 +105,8 @@ void EngineConfig::validate() const {
     bad("target_device", "only 'cpu' is available in this build, got '" + target_device + "'");
   if (draft_device != "cpu")
     bad("draft_device", "only 'cpu' is available in this build, got '" + draft_device + "'");
-  positive("target_threads", target_threads);
-  positive("draft_threads", draft_threads);
+  threads("target_threads", target_threads);
+  threads("draft_threads", draft_threads);
   positive("k", k);
   if (k > 32) bad("k", "must be <= 32, got " + std::to_string(k));
   if (!fanout_list.empty()) {
@@ -106,9 +135,50 @@ void EngineConfig::validate() const {
     bad("fallback", "must be 'auto', 'neural' or 'fast', got '" + fallback + "'");
 }
 
+int64_t kv_bytes_per_token(const ModelConfig& model) {
+  return model.num_layers * 2 * model.num_kv_heads * model.head_dim * static_cast<int64_t>(sizeof(float));
+}
+
+void EngineConfig::resolve(const ModelConfig& target, const ModelConfig* draft) {
+  validate();
+  const int64_t max_pos = target.max_position_embeddings;
+  if (max_model_len > max_pos)
+    bad("max_model_len", std::to_string(max_model_len) + " exceeds the model's max_position_embeddings (" +
+                             std::to_string(max_pos) + ")");
+  const double per_token = static_cast<double>(kv_bytes_per_token(target) + (draft ? kv_bytes_per_token(*draft) : 0));
+  const double memory = physical_memory();
+  if (kv_capacity_tokens == 0) {
+    const double budget = kv_cache_gib * kGiB;
+    if (memory > 0 && budget > memory)
+      bad("kv_cache_gib", gib(budget) + " exceeds this machine's memory (" + gib(memory) + ")");
+    kv_capacity_tokens = static_cast<int64_t>(budget / per_token);
+    if (kv_capacity_tokens < kv_block_size)
+      bad("kv_cache_gib", gib(budget) + " holds " + std::to_string(kv_capacity_tokens) + " tokens (" +
+                              std::to_string(static_cast<int64_t>(per_token)) +
+                              " bytes each), less than one KV block");
+    if (max_model_len == 0 && kv_capacity_tokens < max_pos) {
+      SSD_LOG_WARNING("max_model_len: the model supports " << max_pos << " positions, but kv_cache_gib ("
+                      << kv_cache_gib << ") holds " << kv_capacity_tokens << " tokens; max_model_len is "
+                      << kv_capacity_tokens << " (raise kv_cache_gib for more)");
+      max_model_len = kv_capacity_tokens;
+    }
+    if (max_model_len > kv_capacity_tokens)
+      bad("kv_cache_gib", gib(budget) + " holds " + std::to_string(kv_capacity_tokens) +
+                              " tokens, fewer than max_model_len (" + std::to_string(max_model_len) +
+                              "); raise kv_cache_gib or lower max_model_len");
+  } else {
+    const double need = static_cast<double>(kv_capacity_tokens) * per_token;
+    if (memory > 0 && need > memory)
+      bad("kv_capacity_tokens", std::to_string(kv_capacity_tokens) + " tokens need " + gib(need) +
+                                    " of KV cache, more than this machine's memory (" + gib(memory) + ")");
+  }
+  if (max_model_len == 0) max_model_len = std::min(max_pos, kv_capacity_tokens);
+  validate();
+}
+
 int64_t EngineConfig::num_kv_blocks() const {
-  const int64_t tokens = kv_capacity_tokens > 0 ? kv_capacity_tokens : max_batch * max_model_len;
-  return (tokens + kv_block_size - 1) / kv_block_size;
+  if (kv_capacity_tokens <= 0) throw std::logic_error("EngineConfig::num_kv_blocks before resolve()");
+  return (kv_capacity_tokens + kv_block_size - 1) / kv_block_size;
 }
 
 const char* finish_reason_name(FinishReason reason) {

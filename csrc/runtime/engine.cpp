@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "../kernels/cpu/thread_pool.h"
+#include "ssd/log.h"
 #include "../model/kv_cache.h"
 #include "../model/model.h"
 #include "scheduler.h"
@@ -43,6 +44,9 @@ class Engine::Impl {
     config_.validate();
     if (!model_) throw std::invalid_argument("target model is null");
     check_draft(draft.get());
+    config_.resolve(model_->config(), draft ? &draft->config() : nullptr);
+    SSD_LOG_INFO("engine: mode " << config_.mode << ", max_model_len " << config_.max_model_len << ", KV cache "
+                                 << config_.kv_capacity_tokens << " tokens");
     vocab_ = model_->config().vocab_size;
     cache_ = std::make_unique<model::KvCache>(model_->config(), config_.num_kv_blocks(), config_.kv_block_size);
     speculator_ = runtime::make_speculator(config_, testing_, std::move(draft));
@@ -100,6 +104,8 @@ class Engine::Impl {
       stopping_ = true;
       wake_.notify_all();
     }
+    // A step waiting on the draft worker gives up rather than delay the stop.
+    if (speculator_) speculator_->interrupt();
     if (thread_.joinable()) thread_.join();
     pool_.reset();  // no thread outlives shutdown
     if (speculator_) speculator_->stop();
@@ -119,6 +125,11 @@ class Engine::Impl {
   const EngineConfig& config() const { return config_; }
 
  private:
+  bool stopping() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stopping_;
+  }
+
   std::unique_ptr<Sequence> make_sequence(Request request) const {
     request.params.validate(vocab_);
     if (request.prompt.empty()) throw std::invalid_argument("prompt: must contain at least one token");
@@ -173,6 +184,7 @@ class Engine::Impl {
         if (it != live_.end()) finish(it->second.get(), FinishReason::kCancelled, "", responses);
       }
       step(responses);
+      refresh_gauges();
       publish(std::move(responses));
     }
     cancel_everything();
@@ -205,7 +217,7 @@ class Engine::Impl {
     std::vector<Proposal> proposals(plan.chunks.size());
     if (speculator_ && !plan.chunks.empty())
       for (const auto& f : speculator_->propose(plan.chunks, proposals))
-        finish(f.seq, FinishReason::kError, f.error, responses);
+        finish(f.seq, stopping() ? FinishReason::kCancelled : FinishReason::kError, f.error, responses);
     if (plan.chunks.empty()) {
       if (speculator_) speculator_->flush();
       return;
@@ -246,8 +258,13 @@ class Engine::Impl {
     }
     c.target_wait_seconds += speculator_ ? speculator_->wait_seconds() : 0.0;
     c.active_seconds += seconds_since(t_step);
+    stats_.engine.peak_batch = std::max<int64_t>(stats_.engine.peak_batch, static_cast<int64_t>(plan.chunks.size()));
+  }
+
+  // After every pass of the loop (steps, cancellations), so stats() is current.
+  void refresh_gauges() {
+    std::lock_guard<std::mutex> lock(mu_);
     EngineGauges& g = stats_.engine;
-    g.peak_batch = std::max<int64_t>(g.peak_batch, static_cast<int64_t>(plan.chunks.size()));
     g.num_preemptions = scheduler_->num_preemptions();
     g.num_running = scheduler_->num_running();
     g.num_waiting = scheduler_->num_waiting();
@@ -308,8 +325,8 @@ class Engine::Impl {
       ++emitted;
       finished = append_token(seq, token, responses);
     }
-    add_round_counters(finished ? nullptr : seq, id, runtime::round_counters(proposal, verdict.accepted, emitted),
-                       responses);
+    add_round_counters(finished ? nullptr : seq, id,
+                       runtime::round_counters(proposal, verdict.accepted, emitted, finished), responses);
     return emitted;
   }
 

@@ -59,6 +59,9 @@ class Speculator {
   virtual double wait_seconds() const { return 0.0; }
   /// The draft side's counters and plan.
   virtual void stats(EngineStats& /*s*/) const {}
+  /// From another thread (the engine's shutdown): a propose() waiting on the
+  /// draft side returns without the drafts it waits for (idempotent).
+  virtual void interrupt() {}
   /// Stops whatever the speculator runs (idempotent).
   virtual void stop() {}
 };

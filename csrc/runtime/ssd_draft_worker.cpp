@@ -24,12 +24,14 @@ int64_t max_budget(const EngineConfig& c) {
   return c.fanout_budget > 0 ? c.fanout_budget : 16;
 }
 
-std::unique_ptr<model::KvCache> make_draft_kv(const EngineConfig& config, const model::Model& model) {
+std::unique_ptr<model::KvCache> make_draft_kv(const EngineConfig& config, const model::Model& model,
+                                              const TestingConfig& testing) {
   // Room for the sequences plus a full tree of every sequence: each branch
   // copies its prefix's partial block and grows by K positions.
   const int64_t bs = config.kv_block_size;
   const int64_t per_branch = 1 + (config.k + bs - 1) / bs;
-  const int64_t tree_blocks = config.max_batch * max_budget(config) * per_branch;
+  const int64_t tree_blocks =
+      testing.tree_blocks > 0 ? testing.tree_blocks : config.max_batch * max_budget(config) * per_branch;
   return std::make_unique<model::KvCache>(model.config(), config.num_kv_blocks() + config.max_batch + tree_blocks,
                                           bs);
 }
@@ -74,7 +76,7 @@ SsdDraftWorker::SsdDraftWorker(const EngineConfig& config, std::shared_ptr<model
       testing_(testing),
       model_(std::move(draft)),
       confidence_(confidence_fanout(config_)),
-      kv_(make_draft_kv(config_, *model_)),
+      kv_(make_draft_kv(config_, *model_, testing_)),
       pool_(std::make_unique<kernels::ThreadPool>(config_.draft_threads)),
       planner_(config_.k, config_.fanout_list, config_.fanout_budget, max_budget(config_)),
       sequences_(config_.k, *kv_),
@@ -105,9 +107,27 @@ void SsdDraftWorker::post(std::vector<SpecMessage> messages) {
 
 void SsdDraftWorker::collect(std::vector<Speculation>& out, double timeout_s) {
   std::unique_lock<std::mutex> lock(mu_);
-  ready_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] { return !outbox_.empty() || stopping_; });
+  ready_.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                  [this] { return !outbox_.empty() || stopping_ || interrupted_ || !ended_.empty(); });
   for (auto& s : outbox_) out.push_back(std::move(s));
   outbox_.clear();
+}
+
+void SsdDraftWorker::interrupt() {
+  std::lock_guard<std::mutex> lock(mu_);
+  interrupted_ = true;
+  ready_.notify_all();
+}
+
+bool SsdDraftWorker::interrupted() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return interrupted_;
+}
+
+bool SsdDraftWorker::settled(std::string& why) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  why = ended_;
+  return !ended_.empty() || (inbox_.empty() && !busy_ && outbox_.empty());
 }
 
 void SsdDraftWorker::stats(DraftCounters& counters, DraftGauges& gauges) const {
@@ -117,6 +137,7 @@ void SsdDraftWorker::stats(DraftCounters& counters, DraftGauges& gauges) const {
 }
 
 void SsdDraftWorker::loop() {
+  std::string ended = "stopped";
   for (;;) {
     std::vector<SpecMessage> messages;
     {
@@ -125,14 +146,27 @@ void SsdDraftWorker::loop() {
       if (stopping_) break;
       messages.assign(std::make_move_iterator(inbox_.begin()), std::make_move_iterator(inbox_.end()));
       inbox_.clear();
+      busy_ = true;
+    }
+    if (testing_.fault_worker_dies &&
+        std::any_of(messages.begin(), messages.end(),
+                    [](const SpecMessage& m) { return m.kind == SpecMessage::Kind::kOutcome; })) {
+      ended = "died (testing.fault_worker_dies)";
+      break;
     }
     try {
       handle(messages);
     } catch (const std::exception& e) {
       fail_batch(messages, std::string("draft worker failed: ") + e.what());
     }
+    std::lock_guard<std::mutex> lock(mu_);
+    busy_ = false;
   }
   sequences_.clear();
+  std::lock_guard<std::mutex> lock(mu_);
+  busy_ = false;
+  ended_ = ended;
+  ready_.notify_all();
 }
 
 void SsdDraftWorker::fail_batch(const std::vector<SpecMessage>& messages, const std::string& error) {
@@ -273,6 +307,10 @@ void SsdDraftWorker::build_trees(const std::vector<DraftSequence*>& seqs) {
   if (confidence_) gauges_.fanout = report.per_fork;
   counters_.draft_rounds += 1;
   counters_.tree_branches += report.branches;
+  if (report.branches < report.planned) {
+    counters_.partial_trees += 1;
+    counters_.branches_dropped += report.planned - report.branches;
+  }
   counters_.draft_round_seconds += report.seconds;
 }
 

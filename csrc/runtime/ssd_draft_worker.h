@@ -44,8 +44,16 @@ class SsdDraftWorker {
   SsdDraftWorker& operator=(const SsdDraftWorker&) = delete;
 
   void post(std::vector<SpecMessage> messages);
-  /// Moves every ready speculation into `out`; waits up to timeout_s for one.
+  /// Moves every ready speculation into `out`; waits up to timeout_s for one
+  /// (returns early after interrupt()).
   void collect(std::vector<Speculation>& out, double timeout_s);
+  /// From any thread: collect() stops waiting, now and from now on.
+  void interrupt();
+  bool interrupted() const;
+  /// True when nothing more will arrive without a new message: every message
+  /// posted was handled and its answers collected, or the thread has ended.
+  /// `why` says which (empty while running).
+  bool settled(std::string& why) const;
   /// Stops and joins the thread (idempotent).
   void stop();
   /// The worker's counters and its current plan, copied under its lock.
@@ -88,6 +96,9 @@ class SsdDraftWorker {
   DraftCounters counters_;
   DraftGauges gauges_;
   bool stopping_ = false;
+  bool interrupted_ = false;
+  bool busy_ = false;       // handling a batch
+  std::string ended_;       // why the thread ended (empty while it runs)
   std::thread thread_;
 };
 

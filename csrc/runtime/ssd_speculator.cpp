@@ -40,22 +40,32 @@ void SsdSpeculator::prefilled(Sequence* seq) {
   if (!lives_[seq->id].started) start(seq);
 }
 
-void SsdSpeculator::await_ready(const std::vector<ScheduledChunk>& chunks) {
+std::string SsdSpeculator::await_ready(const std::vector<ScheduledChunk>& chunks) {
   const auto t0 = std::chrono::steady_clock::now();
   auto missing = [&] {
     return std::any_of(chunks.begin(), chunks.end(),
                        [&](const ScheduledChunk& c) { return c.speculative && !ready_.count(c.seq->id); });
   };
-  while (missing()) {
+  std::string lost;
+  while (missing() && lost.empty()) {
+    // Checked before collecting: once settled, what the worker sent is in its
+    // outbox, and nothing else will come.
+    std::string ended;
+    const bool settled = worker_->settled(ended);
     std::vector<Speculation> got;
-    worker_->collect(got, 1.0);
+    worker_->collect(got, settled ? 0.0 : 1.0);
     for (auto& spec : got) {
       auto it = lives_.find(spec.id);
       if (it == lives_.end() || !it->second.started || it->second.epoch != spec.epoch) continue;
       ready_[spec.id] = std::move(spec);
     }
+    if (worker_->interrupted()) lost = "the engine is shutting down";
+    else if (settled && missing())
+      lost = ended.empty() ? "the draft worker never answered for this sequence"
+                           : "the draft worker " + ended;
   }
   wait_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return lost;
 }
 
 std::vector<DraftFailure> SsdSpeculator::propose(std::vector<ScheduledChunk>& chunks,
@@ -63,13 +73,17 @@ std::vector<DraftFailure> SsdSpeculator::propose(std::vector<ScheduledChunk>& ch
   for (const auto& c : chunks)
     if (c.speculative && !lives_[c.seq->id].started) start(c.seq);
   flush();
-  await_ready(chunks);
+  const std::string lost = await_ready(chunks);
   std::vector<DraftFailure> failures;
   std::vector<ScheduledChunk> kept;
   std::vector<Proposal> kept_proposals;
   for (size_t i = 0; i < chunks.size(); ++i) {
     const ScheduledChunk& c = chunks[i];
     Proposal p;
+    if (c.speculative && !ready_.count(c.seq->id)) {
+      failures.push_back({c.seq, "no speculation: " + lost});
+      continue;
+    }
     if (c.speculative) {
       const Speculation& spec = ready_.at(c.seq->id);
       if (!spec.error.empty()) {
@@ -131,6 +145,10 @@ void SsdSpeculator::flush() {
 }
 
 void SsdSpeculator::stats(EngineStats& s) const { worker_->stats(s.draft, s.plan); }
+
+void SsdSpeculator::interrupt() {
+  if (worker_) worker_->interrupt();
+}
 
 void SsdSpeculator::stop() {
   if (worker_) worker_->stop();

@@ -9,6 +9,7 @@
 
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "speculator.h"
@@ -29,6 +30,7 @@ class SsdSpeculator final : public Speculator {
   void flush() override;
   double wait_seconds() const override { return wait_seconds_; }
   void stats(EngineStats& s) const override;
+  void interrupt() override;
   void stop() override;
 
  private:
@@ -39,7 +41,9 @@ class SsdSpeculator final : public Speculator {
 
   void start(Sequence* seq);
   /// Waits for the speculation of every speculative chunk's current life.
-  void await_ready(const std::vector<ScheduledChunk>& chunks);
+  /// Returns why some will never come (the worker ended or lost them, or
+  /// interrupt()), or "" when all arrived.
+  std::string await_ready(const std::vector<ScheduledChunk>& chunks);
 
   std::unique_ptr<SsdDraftWorker> worker_;
   std::map<RequestId, Life> lives_;              // live requests only

@@ -67,8 +67,11 @@ int32_t TokenSampler::sample(const float* logits, int64_t vocab, const SamplingP
   return kernels::sample_from_probs(probs_.data(), vocab, u);
 }
 
-SpecCounters round_counters(const Proposal& proposal, int64_t accepted, int64_t emitted) {
-  const auto count = static_cast<int64_t>(proposal.tokens.size());
+SpecCounters round_counters(const Proposal& proposal, int64_t accepted, int64_t emitted, bool finished) {
+  auto count = static_cast<int64_t>(proposal.tokens.size());
+  // The request ended inside the accepted run: the proposals after its last
+  // token were never used, so they count neither as proposed nor as accepted.
+  if (finished && emitted <= accepted) count = accepted = emitted;
   SpecCounters c;
   c.rounds = 1;
   c.draft_tokens_proposed = count;

@@ -39,7 +39,8 @@ class TokenSampler {
 };
 
 /// The round's counters: one round of `proposal`, `accepted` of its tokens
-/// accepted and `emitted` tokens appended.
-SpecCounters round_counters(const Proposal& proposal, int64_t accepted, int64_t emitted);
+/// accepted and `emitted` tokens appended. When the round `finished` the
+/// request inside the accepted run, only the proposals it emitted count.
+SpecCounters round_counters(const Proposal& proposal, int64_t accepted, int64_t emitted, bool finished);
 
 }  // namespace ssd::runtime

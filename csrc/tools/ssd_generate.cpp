@@ -243,12 +243,8 @@ int run(const Options& o) {
     return kExitFailure;
   }
 
+  // The engine fills max_model_len (0: what the model supports) and checks it.
   ssd::EngineConfig config = o.engine;
-  const int64_t max_pos = model->config().max_position_embeddings;
-  if (!o.max_model_len) config.max_model_len = std::min(config.max_model_len, max_pos);
-  if (config.max_model_len > max_pos)
-    throw UsageError("max_model_len: " + std::to_string(config.max_model_len) +
-                     " exceeds the model's max_position_embeddings (" + std::to_string(max_pos) + ")");
   std::unique_ptr<ssd::Engine> engine;
   try {
     engine = std::make_unique<ssd::Engine>(config, model, eos, draft);

@@ -7,7 +7,29 @@ validated by the C++ core, the one place the rules live; a violation raises
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass, field
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _integer(name: str, value, lo: int = _INT64_MIN, hi: int = _INT64_MAX) -> int:
+    """value as an int in [lo, hi] (numpy integers accepted); ValueError naming the field otherwise.
+
+    Nothing is wrapped or clamped: an integer outside the range is refused.
+    """
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise ValueError(f"{name}: must be an integer, got {value!r}")
+    value = int(value)
+    if not lo <= value <= hi:
+        raise ValueError(f"{name}: {value} is out of range [{lo}, {hi}]")
+    return value
+
+
+def _number(name: str, value) -> float:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise ValueError(f"{name}: must be a number, got {value!r}")
+    return float(value)
 
 
 def _core():
@@ -20,11 +42,17 @@ def _core():
 class EngineConfig:
     """Engine settings (one config for every mode).
 
-    max_model_len: prompt + generated tokens per request.
+    max_model_len: prompt + generated tokens per request; 0 (the default):
+    what the model supports (its max_position_embeddings), lowered with a
+    logged warning to what the KV budget holds.
     max_batch: sequences per step; max_batched_tokens: tokens per forward
-    (longer prompts are prefilled in chunks). kv_capacity_tokens: KV cache
-    size in tokens (0: max_batch * max_model_len). dtype: weight storage,
-    "float32" or "bfloat16" (activations and the KV cache are float32).
+    (longer prompts are prefilled in chunks). kv_cache_gib: memory of the KV
+    caches (target and draft together) in GiB, the engine's memory budget:
+    it is reserved up front but becomes resident only as sequences use it
+    (an ssd draft's speculation tree adds its blocks on top).
+    kv_capacity_tokens: KV slots per model, overriding kv_cache_gib (0: from
+    the budget). dtype: weight storage, "float32" or "bfloat16" (activations
+    and the KV cache are float32).
 
     Speculative modes: k draft tokens per round. ssd (SAGUARO): fanout is
     "confidence" (a greedy sequence's tree holds the B outcomes most likely
@@ -44,10 +72,11 @@ class EngineConfig:
     """
 
     mode: str = "ar"
-    max_model_len: int = 2048
+    max_model_len: int = 0
     max_batch: int = 32
     max_batched_tokens: int = 2048
     kv_block_size: int = 16
+    kv_cache_gib: float = 4.0
     kv_capacity_tokens: int = 0
     dtype: str = "float32"
     target_device: str = "cpu"
@@ -67,22 +96,28 @@ class EngineConfig:
                 raise ValueError("fanout: must be 'geometric', 'confidence' or a list of k + 1 integers, "
                                  f"got {self.fanout!r}")
         elif isinstance(self.fanout, (list, tuple)) and all(
-                isinstance(f, int) and not isinstance(f, bool) for f in self.fanout):
+                isinstance(f, numbers.Integral) and not isinstance(f, bool) for f in self.fanout):
             self.fanout = list(self.fanout)
         else:
             raise ValueError("fanout: must be 'geometric', 'confidence' or a list of k + 1 integers, "
                              f"got {self.fanout!r}")
-        if self.fanout_budget != "auto" and (not isinstance(self.fanout_budget, int)
+        if self.fanout_budget != "auto" and (not isinstance(self.fanout_budget, numbers.Integral)
                                              or isinstance(self.fanout_budget, bool) or self.fanout_budget < 1):
             raise ValueError(f"fanout_budget: must be 'auto' or an integer >= 1, got {self.fanout_budget!r}")
-        if not isinstance(self.saguaro_c, (int, float)) or isinstance(self.saguaro_c, bool):
+        if not isinstance(self.saguaro_c, numbers.Real) or isinstance(self.saguaro_c, bool):
             raise ValueError(f"saguaro_c: must be a number in [0, 1], got {self.saguaro_c!r}")
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.type == "int" and (not isinstance(value, int) or isinstance(value, bool)):
-                raise ValueError(f"{f.name}: must be an integer, got {value!r}")
-            if f.type == "str" and not isinstance(value, str):
+            if f.type == "int":
+                setattr(self, f.name, _integer(f.name, value))
+            elif f.type == "float":
+                setattr(self, f.name, _number(f.name, value))
+            elif f.type == "str" and not isinstance(value, str):
                 raise ValueError(f"{f.name}: must be a string, got {value!r}")
+        if isinstance(self.fanout, list):
+            self.fanout = [_integer("fanout", v) for v in self.fanout]
+        if self.fanout_budget != "auto":
+            self.fanout_budget = _integer("fanout_budget", self.fanout_budget)
         _core().validate_engine_config(self.to_dict())
 
     def to_dict(self) -> dict:
@@ -118,28 +153,26 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
-        for name in ("temperature", "top_p"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
-                raise ValueError(f"{name}: must be a number, got {value!r}")
-        for name in ("top_k", "max_tokens"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ValueError(f"{name}: must be an integer, got {value!r}")
+        self.temperature = _number("temperature", self.temperature)
+        self.top_p = _number("top_p", self.top_p)
+        self.top_k = _integer("top_k", self.top_k)
+        self.max_tokens = _integer("max_tokens", self.max_tokens)
         if self.top_k == -1:
             self.top_k = 0
-        if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**64):
-            raise ValueError(f"seed: must be an integer in [0, 2**64), got {self.seed!r}")
+        if self.seed is not None:
+            self.seed = _integer("seed", self.seed, 0, 2**64 - 1)
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos: must be True or False, got {self.ignore_eos!r}")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"stop: every stop string must be a non-empty string, got {s!r}")
-        self.stop_token_ids = list(self.stop_token_ids)
-        for t in self.stop_token_ids:
-            if not isinstance(t, int) or isinstance(t, bool):
-                raise ValueError(f"stop_token_ids: must be integers, got {t!r}")
+        if isinstance(self.stop_token_ids, (str, bytes)) or not hasattr(self.stop_token_ids, "__iter__"):
+            raise ValueError(f"stop_token_ids: must be a list of token ids, got {self.stop_token_ids!r}")
+        # Token ids are int32 in the core; the vocabulary bound is checked where the model is known.
+        self.stop_token_ids = [_integer("stop_token_ids", t, 0, 2**31 - 1) for t in self.stop_token_ids]
         _core().validate_sampling_params(self.core_dict())
 
     def core_dict(self) -> dict:

@@ -1,87 +1,51 @@
 """``LLM``: generate, stream and chat over the C++ engine.
 
-The engine runs on its own thread; this class enqueues requests, pumps the
-engine's responses and turns tokens into text (stop strings are applied here,
-on the detokenized text). One LLM is meant to be driven from one Python thread.
+The engine runs on its own thread; the response dispatcher (ssd.dispatch)
+routes its responses to per-request handles, which turn tokens into text and
+apply stop strings. Every method may be called from several threads at once.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import atexit
+import dataclasses
+import numbers
+import queue
+import weakref
 from typing import Iterator, Sequence
 
 from ssd import _logging
 from ssd.config import EngineConfig, SamplingParams
+from ssd.dispatch import RequestOutput, ResponseDispatcher, StreamChunk
 
-@dataclass
-class RequestOutput:
-    """The result of one request.
-
-    finish_reason: "stop", "length", "cancelled" or "error" (then `error` says why).
-    """
-
-    index: int
-    prompt: str | None
-    prompt_token_ids: list[int]
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    finish_reason: str | None = None
-    error: str | None = None
-    metrics: dict = field(default_factory=dict)
+__all__ = ["LLM", "RequestOutput", "StreamChunk"]
 
 
-@dataclass
-class StreamChunk:
-    """New tokens and the text they completed; the last chunk has finish_reason."""
-
-    token_ids: list[int]
-    text: str
-    finish_reason: str | None = None
-    error: str | None = None
+# Engines still running at interpreter exit are shut down by an atexit hook,
+# which runs before the interpreter stops threads: the dispatcher's thread must
+# not be stopped inside the engine's wait.
+_running: weakref.WeakSet = weakref.WeakSet()
 
 
-class _Tracker:
-    """Accumulates one request's tokens and applies stop strings."""
-
-    def __init__(self, output: RequestOutput, params: SamplingParams, tokenizer):
-        self.output = output
-        self.params = params
-        self.tokenizer = tokenizer
-        self.emitted_text = 0  # characters already handed to a stream
-        self.done = False
-        self.hold_back = max((len(s) for s in params.stop), default=1) - 1
-
-    def add(self, tokens: list[int]) -> bool:
-        """Appends tokens; returns True when a stop string ended the request."""
-        out = self.output
-        for tok in tokens:
-            out.token_ids.append(tok)
-            if self.tokenizer is None:
-                continue
-            before = len(out.text)
-            out.text = self.tokenizer.decode(out.token_ids)
-            if self.params.stop:
-                cut = _find_stop(out.text, self.params.stop, max(0, before - self.hold_back - 1))
-                if cut is not None:
-                    out.text = out.text[:cut]
-                    return True
-        return False
-
-    def pending_text(self, final: bool) -> str:
-        text = self.output.text
-        end = len(text) if final else len(text) - self.hold_back
-        if not final and text.endswith("\ufffd"):  # an incomplete UTF-8 sequence
-            end = min(end, len(text) - 1)
-        if end <= self.emitted_text:
-            return ""
-        chunk = text[self.emitted_text:end]
-        self.emitted_text = end
-        return chunk
+@atexit.register
+def _shutdown_running() -> None:
+    for llm in list(_running):
+        llm.shutdown()
 
 
-def _find_stop(text: str, stops: list[str], start: int) -> int | None:
-    hits = [i for i in (text.find(s, start) for s in stops) if i >= 0]
-    return min(hits) if hits else None
+def _is_token_id(t) -> bool:
+    return isinstance(t, numbers.Integral) and not isinstance(t, bool)
 
+
+def _token_id_list(prompt) -> list[int] | None:
+    """A prompt of token ids as a list of ints (Python or numpy integers, or a
+    1-D numpy integer array); None when it is not one."""
+    if type(prompt).__module__ == "numpy" and hasattr(prompt, "ndim"):
+        if prompt.ndim == 1 and prompt.dtype.kind in "iu":
+            return [int(t) for t in prompt.tolist()]
+        return None
+    if isinstance(prompt, Sequence) and not isinstance(prompt, str) and all(_is_token_id(t) for t in prompt):
+        return [int(t) for t in prompt]
+    return None
 
 class LLM:
     """Generation over a target model (HF directory or GGUF file).
@@ -131,19 +95,21 @@ class LLM:
 
         self.model = load(target)
         self.draft_model = None if draft is None else load(draft)
-        max_pos = self.model.config.max_position_embeddings
-        if config.max_model_len > max_pos:
-            raise ValueError(f"max_model_len: {config.max_model_len} exceeds the model's "
-                             f"max_position_embeddings ({max_pos})")
         core = self.model.core_model()
         self.model.weights.clear()  # the core holds its own (fused) copies
         draft_core = None
         if self.draft_model is not None:
             draft_core = self.draft_model.core_model()
             self.draft_model.weights.clear()
-        self._engine = _C.Engine(config.to_dict(), core, list(self.model.eos_token_ids), draft_core,
-                                 testing.to_dict() if testing is not None else {})
-        self._trackers: dict[int, _Tracker] = {}
+        try:
+            self._engine = _C.Engine(config.to_dict(), core, list(self.model.eos_token_ids), draft_core,
+                                     testing.to_dict() if testing is not None else {})
+        finally:
+            _logging.forward(_C)
+        # The fields the engine fills in (max_model_len, kv_capacity_tokens), as it resolved them.
+        self.config = dataclasses.replace(config, **self._engine.config())
+        self._dispatcher = ResponseDispatcher(self._engine, _C, self.model.tokenizer)
+        _running.add(self)
 
     # ----------------------------------------------------------------- input
     @property
@@ -157,10 +123,11 @@ class LLM:
                                  f"{self.model.source} has none; pass token ids instead")
             ids = self.model.tokenizer.encode(prompt)
             text = prompt
-        elif isinstance(prompt, Sequence) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            ids, text = [int(t) for t in prompt], None
         else:
-            raise ValueError(f"prompt {index}: must be a string or a list of token ids, got {type(prompt).__name__}")
+            ids, text = _token_id_list(prompt), None
+            if ids is None:
+                raise ValueError(f"prompt {index}: must be a string, a list of integer token ids or a 1-D "
+                                 f"integer array, got {type(prompt).__name__}")
         vocab = self.model.config.vocab_size
         if not ids:
             raise ValueError(f"prompt {index}: is empty")
@@ -172,10 +139,10 @@ class LLM:
                              f"{self.config.max_model_len} (at least one token must be generated)")
         return text, ids
 
-    def _prepare(self, prompts, params) -> list[tuple[str | None, list[int], SamplingParams]]:
-        if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts
-                                        and all(isinstance(t, int) for t in prompts)):
-            prompts = [prompts]
+    def _prepare(self, prompts, params) -> list[tuple[int, str | None, list[int], SamplingParams]]:
+        """Checks every prompt and params entry; [(index, text, ids, params)]."""
+        if isinstance(prompts, str) or _token_id_list(prompts) is not None:
+            prompts = [prompts]  # one prompt
         prompts = list(prompts)
         if params is None:
             params = SamplingParams()
@@ -195,41 +162,10 @@ class LLM:
             if p.stop and self.model.tokenizer is None:
                 raise ValueError(f"params {i}: stop strings need a tokenizer, and {self.model.source} has none")
             text, ids = self._prompt_ids(i, prompt)
-            prepared.append((text, ids, p))
+            prepared.append((i, text, ids, p))
         return prepared
 
-    def _submit(self, index: int, text, ids, params: SamplingParams) -> int:
-        rid = self._engine.enqueue(ids, params.core_dict())
-        self._track(rid, index, text, ids, params)
-        return rid
-
-    def _track(self, rid: int, index: int, text, ids, params: SamplingParams) -> None:
-        out = RequestOutput(index=index, prompt=text, prompt_token_ids=ids)
-        self._trackers[rid] = _Tracker(out, params, self.model.tokenizer)
-
     # ---------------------------------------------------------------- engine
-    def _pump(self, timeout: float) -> list[int]:
-        """Routes ready responses to their trackers; returns the ids touched."""
-        touched = []
-        responses = self._engine.await_responses(timeout)
-        _logging.forward(self._core)
-        for r in responses:
-            tracker = self._trackers.get(r["id"])
-            if tracker is None or tracker.done:
-                continue
-            touched.append(r["id"])
-            if tracker.add(r["tokens"]):
-                tracker.done = True
-                tracker.output.finish_reason = "stop"
-                self._engine.cancel(r["id"])
-            elif r["finished"]:
-                tracker.done = True
-                tracker.output.finish_reason = r["finish_reason"]
-                tracker.output.error = r["error"] or None
-            if r.get("metrics"):
-                tracker.output.metrics.update(r["metrics"])
-        return touched
-
     def generate(self, prompts, params: SamplingParams | Sequence[SamplingParams] | None = None,
                  *, use_tqdm: bool = False) -> list[RequestOutput]:
         """Generates for every prompt (strings or token-id lists); outputs in prompt order.
@@ -238,53 +174,45 @@ class LLM:
         invalid one raises ValueError naming its index.
         """
         prepared = self._prepare(prompts, params)
+        finished: queue.SimpleQueue = queue.SimpleQueue()
         # All at once: the engine's first step then prefills the whole batch.
-        ids = self._engine.enqueue_batch([(toks, p.core_dict()) for _, toks, p in prepared])
-        for i, (rid, (text, toks, p)) in enumerate(zip(ids, prepared)):
-            self._track(rid, i, text, toks, p)
+        handles = self._dispatcher.submit(prepared, done_queue=finished)
         bar = None
         if use_tqdm:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=len(ids), desc="generate", unit="req")
+            bar = tqdm(total=len(handles), desc="generate", unit="req")
         try:
-            remaining = set(ids)
-            while remaining:
-                for rid in self._pump(0.05):
-                    if rid in remaining and self._trackers[rid].done:
-                        remaining.discard(rid)
-                        if bar is not None:
-                            bar.update(1)
+            for _ in handles:
+                while True:
+                    try:
+                        finished.get(timeout=1.0)
+                        break
+                    except queue.Empty:
+                        self._dispatcher.check()
+                if bar is not None:
+                    bar.update(1)
         finally:
             if bar is not None:
                 bar.close()
-            for rid in ids:
-                if not self._trackers[rid].done:
-                    self._engine.cancel(rid)
-        return [self._trackers.pop(rid).output for rid in ids]
+            for h in handles:  # only when interrupted (an exception, e.g. KeyboardInterrupt)
+                h.cancel()
+        return [h.output for h in handles]
 
     def stream(self, prompt, params: SamplingParams | None = None) -> Iterator[StreamChunk]:
-        """Yields StreamChunk as tokens arrive; closing the iterator cancels the request."""
-        ((text, toks, p),) = self._prepare([prompt], params)
-        rid = self._submit(0, text, toks, p)
-        tracker = self._trackers[rid]
-        sent_tokens = 0
+        """Yields StreamChunk as tokens arrive; closing the iterator cancels the request.
+
+        The prompt is checked and queued when the first chunk is asked for.
+        """
+        (handle,) = self._dispatcher.submit(self._prepare([prompt], params))
         try:
             while True:
-                self._pump(0.05)
-                out = tracker.output
-                new_tokens = out.token_ids[sent_tokens:]
-                delta = tracker.pending_text(final=tracker.done)
-                if new_tokens or delta or tracker.done:
-                    sent_tokens = len(out.token_ids)
-                    yield StreamChunk(new_tokens, delta,
-                                      out.finish_reason if tracker.done else None, out.error)
-                if tracker.done:
+                chunk = handle.next_chunk()
+                yield chunk
+                if chunk.finish_reason is not None:
                     return
         finally:
-            if not tracker.done:
-                self._engine.cancel(rid)
-            self._trackers.pop(rid, None)
+            handle.cancel()
 
     def chat(self, messages, params: SamplingParams | None = None):
         """Applies the model's chat template and generates.
@@ -300,8 +228,8 @@ class LLM:
         return outputs[0] if single else outputs
 
     def cancel_all(self) -> None:
-        for rid in list(self._trackers):
-            self._engine.cancel(rid)
+        """Cancels every request in flight (they end with finish_reason "cancelled")."""
+        self._dispatcher.cancel_all()
 
     def stats(self) -> dict:
         stats = dict(self._engine.stats())
@@ -309,12 +237,13 @@ class LLM:
         return stats
 
     def shutdown(self) -> None:
-        """Stops the engine (idempotent); later calls to generate raise."""
+        """Stops the engine (idempotent): requests in flight end as cancelled, later calls raise."""
         engine = getattr(self, "_engine", None)
         if engine is None or self._closed:
             return
         self._closed = True
         engine.shutdown()
+        self._dispatcher.close()
         _logging.forward(self._core)
 
     def __enter__(self):

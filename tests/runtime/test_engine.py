@@ -62,23 +62,14 @@ def test_stop_conditions(model_dir):
 def test_cancel_and_isolation(model_dir):
     with LLM(model_dir, max_model_len=256) as llm:
         want = llm.generate([[7, 8, 9]], greedy(100))[0].token_ids
-        engine = llm._engine
-        a = engine.enqueue([5, 6], greedy(200).core_dict())
-        b = engine.enqueue([7, 8, 9], greedy(100).core_dict())
-        got = {a: [], b: []}
-        done = {}
-        cancelled = False
+        a, b = llm._dispatcher.submit(llm._prepare([[5, 6], [7, 8, 9]], [greedy(200), greedy(100)]))
         deadline = time.time() + 60
-        while len(done) < 2 and time.time() < deadline:
-            for r in engine.await_responses(0.05):
-                got[r["id"]] += r["tokens"]
-                if r["finished"]:
-                    done[r["id"]] = r["finish_reason"]
-            if not cancelled and len(got[a]) >= 3:
-                engine.cancel(a)
-                cancelled = True
-        assert done[a] == "cancelled" and 3 <= len(got[a]) < 200
-        assert done[b] == "length" and got[b] == want
+        while len(a.output.token_ids) < 3 and not a.done.is_set() and time.time() < deadline:
+            time.sleep(0.005)
+        a.cancel()
+        out_a, out_b = a.wait(), b.wait()
+        assert out_a.finish_reason == "cancelled" and 3 <= len(out_a.token_ids) < 200
+        assert out_b.finish_reason == "length" and out_b.token_ids == want
 
 
 def test_stream_matches_generate(model_dir):
@@ -98,14 +89,10 @@ def test_shutdown_cancels_pending_and_stops_threads(model_dir):
     before = len(os.listdir("/proc/self/task"))
     llm = LLM(model_dir, max_model_len=256, target_threads=2)
     assert len(os.listdir("/proc/self/task")) > before
-    ids = [llm._engine.enqueue([1, 2, 3], greedy(200).core_dict()) for _ in range(4)]
+    handles = llm._dispatcher.submit(llm._prepare([[1, 2, 3]] * 4, greedy(200)))
     llm.shutdown()
-    reasons = {}
-    for r in llm._engine.await_responses(1.0):
-        if r["finished"]:
-            reasons[r["id"]] = r["finish_reason"]
-    assert set(reasons) == set(ids)
-    assert set(reasons.values()) <= {"cancelled", "length"} and "cancelled" in reasons.values()
+    reasons = [h.wait().finish_reason for h in handles]
+    assert set(reasons) <= {"cancelled", "length"} and "cancelled" in reasons
     assert len(os.listdir("/proc/self/task")) == before
 
 
@@ -146,13 +133,9 @@ def test_enqueue_batch_is_all_or_nothing(model_dir):
         with pytest.raises(ValueError, match="request 0: temperature"):
             llm._engine.enqueue_batch([([1], {**ok, "temperature": -1.0})])
         assert llm.stats()["steps"] == 0  # nothing was queued
-        ids = llm._engine.enqueue_batch([([1, 2], ok), ([3], ok)])
-        assert len(set(ids)) == 2
-        done = set()
-        deadline = time.time() + 60
-        while len(done) < 2 and time.time() < deadline:
-            done |= {r["id"] for r in llm._engine.await_responses(0.05) if r["finished"]}
-        assert done == set(ids)
+        handles = llm._dispatcher.submit(llm._prepare([[1, 2], [3]], greedy(3)))
+        assert len({h.id for h in handles}) == 2
+        assert [h.wait().finish_reason for h in handles] == ["length", "length"]
 
 
 @pytest.mark.parametrize("field,value", [

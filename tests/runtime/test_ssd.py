@@ -249,24 +249,18 @@ def test_mixed_batch_cancel_and_shutdown(pair):
     threads_before = len(os.listdir("/proc/self/task"))
     ssd = LLM(target, **kw)
     assert len(os.listdir("/proc/self/task")) >= threads_before + 2  # engine thread + draft worker
-    engine = ssd._engine
-    ids = [engine.enqueue(p, q.core_dict()) for p, q in zip(prompts, params)]
-    got = {i: [] for i in ids}
-    done = {}
-    cancelled = False
+    handles = ssd._dispatcher.submit(ssd._prepare(prompts, params))
     deadline = time.time() + 120
-    while len(done) < len(ids) and time.time() < deadline:
-        for r in engine.await_responses(0.05):
-            got[r["id"]] += r["tokens"]
-            if r["finished"]:
-                done[r["id"]] = r["finish_reason"]
-        if not cancelled and len(got[ids[4]]) >= 5:
-            engine.cancel(ids[4])
-            cancelled = True
-    assert got[ids[0]] == alone and done[ids[0]] == "length"
-    assert got[ids[1]] == want_greedy
-    assert len(got[ids[2]]) == 25 and done[ids[2]] == "length"
-    assert got[ids[3]] == stop_base[: stop_base.index(stop_tok) + 1] and done[ids[3]] == "stop"
-    assert done[ids[4]] == "cancelled" and 5 <= len(got[ids[4]]) < 230
+    while len(handles[4].output.token_ids) < 5 and not handles[4].done.is_set() and time.time() < deadline:
+        time.sleep(0.005)
+    handles[4].cancel()
+    outs = [h.wait() for h in handles]
+    got = [o.token_ids for o in outs]
+    done = [o.finish_reason for o in outs]
+    assert got[0] == alone and done[0] == "length"
+    assert got[1] == want_greedy
+    assert len(got[2]) == 25 and done[2] == "length"
+    assert got[3] == stop_base[: stop_base.index(stop_tok) + 1] and done[3] == "stop"
+    assert done[4] == "cancelled" and 5 <= len(got[4]) < 230
     ssd.shutdown()
     assert len(os.listdir("/proc/self/task")) == threads_before

@@ -65,11 +65,17 @@ struct SamplingParams {
 /// The one engine configuration (mirrored by ssd.EngineConfig in Python).
 struct EngineConfig {
   std::string mode = "ar";  ///< "ar", "sd" or "ssd" (the last two use the draft fields)
-  int64_t max_model_len = 2048;
+  /// Prompt + generated tokens per request; 0: what the target supports
+  /// (its max_position_embeddings), lowered with a warning to what the KV
+  /// budget holds. An explicit value that does not fit is an error.
+  int64_t max_model_len = 0;
   int64_t max_batch = 32;
   int64_t max_batched_tokens = 2048;  ///< token budget of one forward (prefill chunking)
   int64_t kv_block_size = 16;
-  int64_t kv_capacity_tokens = 0;     ///< 0: max_batch * max_model_len
+  /// Memory of the KV caches (target and draft together), in GiB. The cache
+  /// is reserved, not touched: pages become resident as blocks are first used.
+  double kv_cache_gib = 4.0;
+  int64_t kv_capacity_tokens = 0;     ///< KV slots per model; 0: from kv_cache_gib
   std::string dtype = "float32";      ///< weight storage: "float32" or "bfloat16"
   std::string target_device = "cpu";
   int64_t target_threads = 1;
@@ -90,9 +96,19 @@ struct EngineConfig {
   int64_t draft_matmul_min_rows = 4;
 
   void validate() const;
-  /// Number of KV blocks after resolving kv_capacity_tokens.
+  /// Fills the automatic fields (max_model_len, kv_capacity_tokens) from the
+  /// models and checks them against the models and this machine's memory.
+  /// `draft` is null in mode "ar". Throws std::invalid_argument naming the field.
+  void resolve(const ModelConfig& target, const ModelConfig* draft);
+  /// Number of KV blocks (call after resolve()).
   int64_t num_kv_blocks() const;
 };
+
+/// Upper bound of target_threads and draft_threads.
+inline constexpr int64_t kMaxThreads = 1024;
+
+/// Bytes of KV cache one token takes in a model (fp32 keys and values).
+int64_t kv_bytes_per_token(const ModelConfig& model);
 
 /// Test-only switches, handed to the Engine explicitly (never read from the
 /// environment, never part of EngineConfig). Each changes the engine on purpose.
@@ -102,6 +118,13 @@ struct TestingConfig {
   /// at any temperature, which breaks the output law; the law tests must
   /// catch it.
   bool fault_fast_argmax = false;
+  /// ssd: the draft worker's thread ends at its first verification outcome,
+  /// answering nothing, as if it had died; the engine must fail the affected
+  /// requests with an error instead of waiting forever.
+  bool fault_worker_dies = false;
+  /// ssd: the draft KV holds only this many blocks beyond the sequences'
+  /// own (0: room for a full tree of every sequence), so trees run out.
+  int64_t tree_blocks = 0;
 };
 
 }  // namespace ssd

@@ -130,6 +130,8 @@ struct StepCounters {
 struct DraftCounters {
   int64_t draft_rounds = 0;       ///< trees built (fork points + tree decode)
   int64_t tree_branches = 0;      ///< branches tree-decoded
+  int64_t partial_trees = 0;      ///< trees that ran out of draft KV blocks
+  int64_t branches_dropped = 0;   ///< planned branches those trees could not allocate
   int64_t kv_commits = 0;         ///< hits whose branch KV moved into the sequence
   int64_t fallback_batches = 0;
   int64_t fast_shadow_rounds = 0;
@@ -141,6 +143,8 @@ struct DraftCounters {
   static void fields(F&& f) {
     f("draft_rounds", &DraftCounters::draft_rounds);
     f("tree_branches", &DraftCounters::tree_branches);
+    f("partial_trees", &DraftCounters::partial_trees);
+    f("branches_dropped", &DraftCounters::branches_dropped);
     f("kv_commits", &DraftCounters::kv_commits);
     f("fallback_batches", &DraftCounters::fallback_batches);
     f("fast_shadow_rounds", &DraftCounters::fast_shadow_rounds);

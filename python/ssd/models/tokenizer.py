@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jinja2
@@ -19,6 +19,7 @@ import jinja2.nodes
 import jinja2.parser
 import jinja2.sandbox
 import tokenizers
+import tokenizers.decoders
 
 from .errors import ChatTemplateError, ModelLoadError
 
@@ -110,6 +111,17 @@ class Tokenizer:
         if hasattr(ids, "tolist"):
             ids = ids.tolist()
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def stream_decoder(self) -> Callable[[int], str | None]:
+        """A decoder for one growing sequence of ids, fed one id per call.
+
+        Each call returns the text the id completed (None while the bytes of a
+        character are still incomplete); the pieces join into ``decode(ids)``
+        except for bytes never completed at the end. Each id is decoded once.
+        """
+        stream = tokenizers.decoders.DecodeStream(skip_special_tokens=True)
+        backend = self.backend
+        return lambda token_id: stream.step(backend, int(token_id))
 
     # ------------------------------------------------------- chat template
 

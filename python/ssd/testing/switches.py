@@ -17,17 +17,29 @@ class TestingConfig:
     fault_fast_argmax: deliberately WRONG: one-hot (fast fallback) proposals
     are verified greedily at any temperature, which breaks the output law; the
     law tests use it to show that they can fail.
+    fault_worker_dies: in mode ssd the draft worker's thread ends at its first
+    verification outcome without answering, as if it had died; the engine must
+    end the affected requests with an error instead of waiting forever.
+    tree_blocks: in mode ssd the draft KV holds only this many blocks beyond
+    the sequences' own (0: room for a full tree of every sequence), so
+    speculation trees run out of blocks and stay partial.
     """
 
     __test__ = False  # not a pytest test class despite its name
 
     always_miss: bool = False
     fault_fast_argmax: bool = False
+    fault_worker_dies: bool = False
+    tree_blocks: int = 0
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
-            if not isinstance(getattr(self, f.name), bool):
-                raise ValueError(f"testing.{f.name}: must be True or False, got {getattr(self, f.name)!r}")
+            value = getattr(self, f.name)
+            if f.type == "int":
+                if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**31:
+                    raise ValueError(f"testing.{f.name}: must be an integer in [0, 2**31), got {value!r}")
+            elif not isinstance(value, bool):
+                raise ValueError(f"testing.{f.name}: must be True or False, got {value!r}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
