@@ -10,6 +10,7 @@ import atexit
 import dataclasses
 import numbers
 import queue
+import threading
 import weakref
 from typing import Iterator, Sequence
 
@@ -85,6 +86,7 @@ class LLM:
         self.config = config
         self._core = _C
         self._closed = False
+        self._shutdown_lock = threading.Lock()
         _logging.sync_level(_C)
 
         def load(source):
@@ -239,11 +241,14 @@ class LLM:
     def shutdown(self) -> None:
         """Stops the engine (idempotent): requests in flight end as cancelled, later calls raise."""
         engine = getattr(self, "_engine", None)
-        if engine is None or self._closed:
+        if engine is None:
             return
-        self._closed = True
-        engine.shutdown()
-        self._dispatcher.close()
+        with self._shutdown_lock:
+            if self._closed:
+                return
+            self._closed = True
+            engine.shutdown()
+            self._dispatcher.close()
         _logging.forward(self._core)
 
     def __enter__(self):

@@ -72,13 +72,15 @@ def test_a_stop_string_keeps_the_metrics(llm):
     assert 0 < m["time_to_first_token"] <= m["finish_time"]
 
 
+# The peak is VmHWM: getrusage's ru_maxrss survives exec, so it would report the parent's.
 _MEMORY_SCRIPT = """
-import json, resource
+import json
 from ssd import LLM, SamplingParams
 from ssd.assets import smollm2_gguf_path
 llm = LLM(str(smollm2_gguf_path()))
 out = llm.generate(["Hello, my name is"], SamplingParams(temperature=0, max_tokens=32))[0]
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+peak = int(status["VmHWM"].split()[0]) * 1024
 print(json.dumps({"peak": peak, "max_model_len": llm.config.max_model_len, "tokens": len(out.token_ids)}))
 llm.shutdown()
 """

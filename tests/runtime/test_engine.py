@@ -3,6 +3,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -85,15 +86,25 @@ def test_stream_matches_generate(model_dir):
         assert llm.generate([[3, 1, 4, 1, 5]], greedy(12))[0].token_ids == want
 
 
+def native_threads() -> int:
+    """Threads of this process that Python did not start (the engine's)."""
+    return len(set(os.listdir("/proc/self/task")) - {str(t.native_id) for t in threading.enumerate()})
+
+
 def test_shutdown_cancels_pending_and_stops_threads(model_dir):
-    before = len(os.listdir("/proc/self/task"))
+    time.sleep(0.2)  # a thread joined by Python can still be exiting in the OS
+    before = native_threads()
     llm = LLM(model_dir, max_model_len=256, target_threads=2)
-    assert len(os.listdir("/proc/self/task")) > before
+    assert native_threads() == before + 2  # the engine thread and one pool worker
     handles = llm._dispatcher.submit(llm._prepare([[1, 2, 3]] * 4, greedy(200)))
     llm.shutdown()
     reasons = [h.wait().finish_reason for h in handles]
     assert set(reasons) <= {"cancelled", "length"} and "cancelled" in reasons
-    assert len(os.listdir("/proc/self/task")) == before
+    deadline = time.time() + 10
+    while native_threads() != before and time.time() < deadline:
+        time.sleep(0.01)
+    assert native_threads() == before
+    assert not [t for t in threading.enumerate() if t.name == "ssd-response-dispatcher"]
 
 
 def test_bad_request_values_raise_before_queueing(model_dir):
@@ -148,13 +159,18 @@ def test_invalid_sampling_values(field, value):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("mode", "fast"), ("max_model_len", 0), ("max_batch", -1), ("kv_block_size", 0),
-    ("kv_capacity_tokens", 10), ("dtype", "float16"), ("target_device", "tpu"), ("target_threads", 0),
+    ("mode", "fast"), ("max_model_len", -1), ("max_batch", -1), ("kv_block_size", 0),
+    ("kv_capacity_tokens", -5), ("dtype", "float16"), ("target_device", "tpu"), ("target_threads", 0),
     ("k", 0),
 ])
 def test_invalid_engine_config(field, value):
     with pytest.raises(ValueError, match=field):
         EngineConfig(**{field: value})
+
+
+def test_kv_capacity_must_hold_one_sequence():
+    with pytest.raises(ValueError, match=r"kv_capacity_tokens: must hold at least one sequence of max_model_len \(64\)"):
+        EngineConfig(max_model_len=64, kv_capacity_tokens=10)
 
 
 def test_runtime_failure_ends_only_that_request(model_dir, tmp_path):
