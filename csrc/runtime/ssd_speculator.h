@@ -41,6 +41,7 @@ class SsdSpeculator final : public Speculator {
   /// Waits for the speculation of every speculative chunk's current life.
   void await_ready(const std::vector<ScheduledChunk>& chunks);
 
+  bool fault_truncated_q_;  // TestingConfig: deliberately wrong, see there
   std::unique_ptr<SsdDraftWorker> worker_;
   std::map<RequestId, Life> lives_;              // live requests only
   std::map<RequestId, Speculation> ready_;       // for the next verify
