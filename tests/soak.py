@@ -1,6 +1,6 @@
 """Soak test: many random requests over several modes, from several threads.
 
-    python -m tests.soak                    # 10,000 requests (about 15 minutes on 2 cores)
+    python -m tests.soak                    # 10,000 requests (about a minute on 2 cores)
     python -m tests.soak --requests 500     # a shorter run
 
 Every request is random: prompt, length, sampling parameters, stop ids, and

@@ -3,6 +3,10 @@
 // std::invalid_argument surfaces as ValueError.
 #include <torch/extension.h>
 
+#include <algorithm>
+#include <iterator>
+#include <utility>
+
 #include <pybind11/stl.h>
 
 #include "../model/model.h"
@@ -97,14 +101,22 @@ SamplingParams sampling_params_from(const py::dict& d) {
 
 TestingConfig testing_config_from(const py::dict& d) {
   TestingConfig t;
+  const std::pair<const char*, bool*> switches[] = {
+      {"always_miss", &t.always_miss},
+      {"auto_alternate", &t.auto_alternate},
+      {"fault_fast_argmax", &t.fault_fast_argmax},
+      {"fault_resume_stream", &t.fault_resume_stream},
+      {"fault_truncated_q", &t.fault_truncated_q},
+      {"fault_batch_top_kp", &t.fault_batch_top_kp},
+      {"fault_worker_dies", &t.fault_worker_dies},
+  };
   for (auto item : d) {
     const auto key = item.first.cast<std::string>();
-    if (key != "always_miss" && key != "fault_fast_argmax" && key != "fault_worker_dies" && key != "tree_blocks")
+    if (key != "tree_blocks" &&
+        std::none_of(std::begin(switches), std::end(switches), [&](const auto& s) { return key == s.first; }))
       throw std::invalid_argument("testing: unknown switch '" + key + "'");
   }
-  get(d, "always_miss", t.always_miss);
-  get(d, "fault_fast_argmax", t.fault_fast_argmax);
-  get(d, "fault_worker_dies", t.fault_worker_dies);
+  for (const auto& [key, flag] : switches) get(d, key, *flag);
   get(d, "tree_blocks", t.tree_blocks);
   return t;
 }

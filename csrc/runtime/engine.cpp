@@ -308,8 +308,7 @@ class Engine::Impl {
     const RequestId id = seq->id;      // seq is gone once it finishes
     runtime::Verdict verdict;
     try {
-      verdict = runtime::verify_proposal(target_rows, vocab_, proposal, seq->params, seq->seed, start,
-                                         testing_.fault_fast_argmax);
+      verdict = verifier_.verify(target_rows, vocab_, proposal, *seq);
     } catch (const std::exception& e) {
       finish(seq, FinishReason::kError, std::string("sampling failed: ") + e.what(), responses);
       return 0;
@@ -402,6 +401,7 @@ class Engine::Impl {
   std::unique_ptr<runtime::Scheduler> scheduler_;
   std::unique_ptr<kernels::ThreadPool> pool_;
   runtime::TokenSampler sampler_;
+  runtime::Verifier verifier_{testing_};
   std::random_device seed_source_;
   std::map<RequestId, std::unique_ptr<Sequence>> live_;  // engine thread only
 

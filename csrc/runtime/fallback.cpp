@@ -18,10 +18,12 @@ const char* name_of(FallbackKind kind) { return kind == FallbackKind::kFast ? "f
 
 }  // namespace
 
-Fallback::Fallback(const EngineConfig& config, const FanoutPlanner& planner, PathDecoder& decoder)
-    : config_(config), planner_(planner), decoder_(decoder) {}
+Fallback::Fallback(const EngineConfig& config, const FanoutPlanner& planner, PathDecoder& decoder, bool alternate)
+    : config_(config), planner_(planner), decoder_(decoder), alternate_(alternate) {}
 
 FallbackKind Fallback::choose(int64_t batch) {
+  if (alternate_ && config_.fallback == "auto")
+    return in_force_ = in_force_ == FallbackKind::kFast ? FallbackKind::kNeural : FallbackKind::kFast;
   const FallbackKind chosen = pick(batch);
   if (chosen != in_force_)
     SSD_LOG_INFO("ssd fallback: " << name_of(chosen) << " from now on (batch " << batch << ", hit rate " << hit_rate_

@@ -30,7 +30,8 @@ inline SpecSource source_of(FallbackKind kind) {
 
 class Fallback {
  public:
-  Fallback(const EngineConfig& config, const FanoutPlanner& planner, PathDecoder& decoder);
+  /// alternate (TestingConfig::auto_alternate): "auto" takes the kinds in turn.
+  Fallback(const EngineConfig& config, const FanoutPlanner& planner, PathDecoder& decoder, bool alternate = false);
 
   /// The kind for this round's misses, `batch` outcomes verified together
   /// (logs a switch of kind).
@@ -73,6 +74,7 @@ class Fallback {
   const FanoutPlanner& planner_;
   PathDecoder& decoder_;
   KindEstimate neural_, fast_;
+  bool alternate_;
   FallbackKind in_force_ = FallbackKind::kNeural;
   // Priors until measured: even odds of a hit, a hit emitting 2 tokens, a
   // tree costing one verify.

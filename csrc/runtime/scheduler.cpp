@@ -24,6 +24,7 @@ void Scheduler::preempt(Sequence* seq) {
   running_.erase(std::remove(running_.begin(), running_.end(), seq), running_.end());
   release(seq);
   seq->metrics.num_preemptions += 1;
+  seq->preempted_len = seq->len();
   num_preemptions_ += 1;
   waiting_.push_front(seq);
   preempted_.push_back(seq);

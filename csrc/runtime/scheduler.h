@@ -27,6 +27,7 @@ struct Sequence {
   std::vector<int32_t> tokens;  ///< prompt followed by generated tokens
   int64_t prompt_len = 0;
   int64_t num_computed = 0;     ///< tokens whose KV is in the cache
+  int64_t preempted_len = 0;    ///< length at its last preemption (0: never preempted)
   model::BlockTable table;
   RequestMetrics metrics;
   Clock::time_point enqueued;

@@ -82,7 +82,7 @@ SsdDraftWorker::SsdDraftWorker(const EngineConfig& config, std::shared_ptr<model
       sequences_(config_.k, *kv_),
       decoder_(config_, *model_, *kv_, *pool_, planner_),
       trees_(config_, *kv_, decoder_, planner_),
-      fallback_(config_, planner_, decoder_) {
+      fallback_(config_, planner_, decoder_, testing_.auto_alternate) {
   thread_ = std::thread([this] { loop(); });
 }
 

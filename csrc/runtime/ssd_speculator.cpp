@@ -21,7 +21,8 @@ CacheLookup lookup_of(SpecSource source) {
 
 SsdSpeculator::SsdSpeculator(const EngineConfig& config, const TestingConfig& testing,
                              std::shared_ptr<model::Model> draft)
-    : worker_(std::make_unique<SsdDraftWorker>(config, std::move(draft), testing)) {}
+    : fault_truncated_q_(testing.fault_truncated_q),
+      worker_(std::make_unique<SsdDraftWorker>(config, std::move(draft), testing)) {}
 
 void SsdSpeculator::start(Sequence* seq) {
   Life& life = lives_[seq->id];
@@ -90,9 +91,12 @@ std::vector<DraftFailure> SsdSpeculator::propose(std::vector<ScheduledChunk>& ch
         failures.push_back({c.seq, spec.error});
         continue;
       }
-      const auto count = std::min<int64_t>(c.draft_tokens, static_cast<int64_t>(spec.tokens.size()));
+      const auto drafted = static_cast<int64_t>(spec.tokens.size());
+      const auto count = std::min<int64_t>(c.draft_tokens, drafted);
       p.tokens.assign(spec.tokens.begin(), spec.tokens.begin() + count);
       p.q = spec.q.empty() ? nullptr : spec.q.data();
+      if (fault_truncated_q_ && p.q != nullptr)
+        p.q += (drafted - count) * static_cast<int64_t>(spec.q.size() / spec.tokens.size());
       p.one_hot = spec.one_hot;
       p.lookup = lookup_of(spec.source);
     }

@@ -45,6 +45,7 @@ class SsdSpeculator final : public Speculator {
   /// interrupt()), or "" when all arrived.
   std::string await_ready(const std::vector<ScheduledChunk>& chunks);
 
+  bool fault_truncated_q_;  // TestingConfig: deliberately wrong, see there
   std::unique_ptr<SsdDraftWorker> worker_;
   std::map<RequestId, Life> lives_;              // live requests only
   std::map<RequestId, Speculation> ready_;       // for the next verify

@@ -57,6 +57,19 @@ Verdict verify_proposal(const float* target_rows, int64_t vocab, const Proposal&
   return {accepted, static_cast<int32_t>(bonus)};
 }
 
+Verdict Verifier::verify(const float* target_rows, int64_t vocab, const Proposal& proposal, const Sequence& seq) {
+  // Without TestingConfig's deliberate faults (config.h) this is verify_proposal at seq.len().
+  SamplingParams params = seq.params;
+  if (testing_.fault_batch_top_kp) {
+    if (!has_first_) first_ = seq.params;
+    has_first_ = true;
+    params.top_k = first_.top_k;
+    params.top_p = first_.top_p;
+  }
+  const int64_t key = testing_.fault_resume_stream && seq.preempted_len > 0 ? seq.preempted_len : seq.len();
+  return verify_proposal(target_rows, vocab, proposal, params, seq.seed, key, testing_.fault_fast_argmax);
+}
+
 int32_t TokenSampler::sample(const float* logits, int64_t vocab, const SamplingParams& p, uint64_t seed,
                              int64_t position) {
   check_finite(logits, vocab);

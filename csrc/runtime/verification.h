@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "../kernels/cpu/sampling.h"
+#include "scheduler.h"
 #include "speculator.h"
 #include "ssd/config.h"
 #include "ssd/types.h"
@@ -25,6 +26,23 @@ struct Verdict {
 /// fault_fast_argmax (TestingConfig): verifies one-hot proposals greedily.
 Verdict verify_proposal(const float* target_rows, int64_t vocab, const Proposal& proposal,
                         const SamplingParams& params, uint64_t seed, int64_t start, bool fault_fast_argmax);
+
+/// The engine's verifier: verifies a sequence's round at its current length,
+/// with the sequence's own settings and keyed draws. Its only state serves
+/// TestingConfig's deliberate faults (fault_resume_stream,
+/// fault_batch_top_kp, fault_fast_argmax); without them it is verify_proposal.
+class Verifier {
+ public:
+  explicit Verifier(const TestingConfig& testing) : testing_(testing) {}
+
+  /// `seq`'s round: the first proposal sits at position seq.len().
+  Verdict verify(const float* target_rows, int64_t vocab, const Proposal& proposal, const Sequence& seq);
+
+ private:
+  TestingConfig testing_;
+  bool has_first_ = false;  // fault_batch_top_kp: the first request's settings are taken
+  SamplingParams first_;
+};
 
 /// The target's token at `position` from its logits row ([vocab]).
 /// Throws std::runtime_error on NaN logits.

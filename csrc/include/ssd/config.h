@@ -114,10 +114,25 @@ int64_t kv_bytes_per_token(const ModelConfig& model);
 /// environment, never part of EngineConfig). Each changes the engine on purpose.
 struct TestingConfig {
   bool always_miss = false;  ///< ssd: every cache lookup misses and no trees are built
-  /// Deliberately wrong: verifies one-hot (fast fallback) proposals greedily
-  /// at any temperature, which breaks the output law; the law tests must
-  /// catch it.
+  /// ssd, fallback "auto": the fast and the neural kind answer misses in
+  /// turn, one draft-worker batch each, instead of as the speed model picks
+  /// from measured times; the auto law test then sees both kinds every run.
+  bool auto_alternate = false;
+  // The faults below are deliberately wrong, each on one path: they break
+  // the output law there, and that path's law test must catch it.
+  /// Verifies one-hot (fast fallback) proposals greedily at any temperature.
   bool fault_fast_argmax = false;
+  /// After a preemption, the resumed sequence keys the draws of every later
+  /// verification by the length it resumed at (its stream derived once at
+  /// the resume and never advanced), so all its rounds repeat one set of draws.
+  bool fault_resume_stream = false;
+  /// ssd: a round verifying fewer proposals than its speculation holds
+  /// (truncated by max_model_len or KV room) pairs them with the
+  /// speculation's last q rows instead of its first: stale rows.
+  bool fault_truncated_q = false;
+  /// The verifier takes top-k and top-p from the first request it verifies
+  /// and applies them to every later one, as if they were batch-wide.
+  bool fault_batch_top_kp = false;
   /// ssd: the draft worker's thread ends at its first verification outcome,
   /// answering nothing, as if it had died; the engine must fail the affected
   /// requests with an error instead of waiting forever.

@@ -14,9 +14,22 @@ from dataclasses import dataclass
 class TestingConfig:
     """always_miss: in mode ssd every speculation-cache lookup misses and no
     trees are built (every round after the first is a fallback's).
-    fault_fast_argmax: deliberately WRONG: one-hot (fast fallback) proposals
-    are verified greedily at any temperature, which breaks the output law; the
-    law tests use it to show that they can fail.
+    auto_alternate: in mode ssd with fallback "auto", the fast and the neural
+    kind answer misses in turn (one draft-worker batch each) instead of as the
+    speed model picks from measured times, so every run sees both kinds.
+
+    The fault_* switches are deliberately WRONG, each on one path: they break
+    the output law there, and the law tests use them to show that they can fail.
+    fault_fast_argmax: one-hot (fast fallback) proposals are verified greedily
+    at any temperature.
+    fault_resume_stream: after a preemption, the resumed sequence keys every
+    later verification's draws by the length it resumed at (derived once, never
+    advanced), so all its rounds repeat one set of draws.
+    fault_truncated_q: in mode ssd, a round verifying fewer proposals than its
+    speculation holds (max_model_len or KV room cut it) pairs them with the
+    speculation's last q rows instead of its first.
+    fault_batch_top_kp: the verifier applies the first verified request's
+    top-k and top-p to every later request, as if they were batch-wide.
     fault_worker_dies: in mode ssd the draft worker's thread ends at its first
     verification outcome without answering, as if it had died; the engine must
     end the affected requests with an error instead of waiting forever.
@@ -28,7 +41,11 @@ class TestingConfig:
     __test__ = False  # not a pytest test class despite its name
 
     always_miss: bool = False
+    auto_alternate: bool = False
     fault_fast_argmax: bool = False
+    fault_resume_stream: bool = False
+    fault_truncated_q: bool = False
+    fault_batch_top_kp: bool = False
     fault_worker_dies: bool = False
     tree_blocks: int = 0
 
