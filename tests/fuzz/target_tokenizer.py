@@ -1,0 +1,96 @@
+"""Fuzz target: a model directory's tokenizer files (python/ssd/models/hf.py).
+
+The first input byte picks the file the rest replaces -- tokenizer.json,
+tokenizer_config.json, special_tokens_map.json, chat_template.json or
+chat_template.jinja -- in a directory whose other files are a small valid
+tokenizer's. The directory is loaded the way ssd.models.load reads it
+(``load_tokenizer_files``), then the tokenizer encodes, decodes, finds its eos
+ids and renders the chat template, as ``LLM.chat`` would.
+
+Documented errors: ModelLoadError (loading; no chat template), ChatTemplateError
+(rendering). Anything else, a hang over 5 s or a crash of the tokenizers
+library is a crash.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+from ssd.models import ChatTemplateError, ModelLoadError
+from ssd.models.hf import load_tokenizer_files
+from ssd.models.loaded import end_of_sequence_ids
+
+DOCUMENTED = (ModelLoadError, ChatTemplateError)
+FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.json",
+         "chat_template.jinja")
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+TEXT = "Hello ab, <|im_start|>world 12 é\n"
+
+
+def _tokenizer_json() -> str:
+    vocab = {t: i for i, t in enumerate(["a", "b", "ab", "\u0120", "\u0120ab", "H", "e", "l", "o", "\u0120w"])}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[("a", "b"), ("\u0120", "ab")]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens([AddedToken("<|im_start|>", special=True), AddedToken("<|im_end|>", special=True)])
+    return backend.to_str()
+
+
+def default_files() -> dict[str, bytes]:
+    config = {"bos_token": "<|im_start|>", "eos_token": {"content": "<|im_end|>"}, "chat_template": CHATML,
+              "model_max_length": 2048}
+    return {
+        "tokenizer.json": _tokenizer_json().encode(),
+        "tokenizer_config.json": json.dumps(config).encode(),
+        "special_tokens_map.json": json.dumps({"eos_token": "<|im_end|>", "pad_token": "a"}).encode(),
+        "chat_template.json": json.dumps({"chat_template": [{"name": "default", "template": CHATML},
+                                                            {"name": "tool_use", "template": "{{ tools }}"}]}).encode(),
+        "chat_template.jinja": CHATML.encode(),
+    }
+
+
+_ROOT = Path(tempfile.mkdtemp(prefix="ssd-fuzz-tokenizer-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+_DEFAULTS = default_files()
+_DIRS = []
+for _name in FILES:  # one directory per fuzzed file; the others keep the defaults
+    _dir = _ROOT / _name.replace(".", "_")
+    _dir.mkdir()
+    for _file, _content in _DEFAULTS.items():
+        if _file != "chat_template.jinja" or _name == _file:  # a .jinja file overrides every other template
+            (_dir / _file).write_bytes(_content)
+    _DIRS.append(_dir)
+
+
+def test_one_input(data: bytes) -> None:
+    if not data:
+        return
+    index = data[0] % len(FILES)
+    directory = _DIRS[index]
+    (directory / FILES[index]).write_bytes(data[1:])
+    try:
+        tokenizer, _ = load_tokenizer_files(directory)
+        if tokenizer is None:
+            return
+        ids = tokenizer.encode(TEXT)
+        tokenizer.decode(ids, skip_special_tokens=False)
+        tokenizer.encode(TEXT, add_special_tokens=True)
+        end_of_sequence_ids([], tokenizer)
+        tokenizer.apply_chat_template([{"role": "user", "content": "ab"}])
+    except DOCUMENTED:
+        pass
+
+
+def seeds() -> list[bytes]:
+    return [bytes([i]) + _DEFAULTS[name] for i, name in enumerate(FILES)]
+
+
+DICTIONARY = ['"model"', '"type"', '"BPE"', '"WordPiece"', '"Unigram"', '"pre_tokenizer"', '"normalizer"',
+              '"post_processor"', '"decoder"', '"added_tokens"', '"special": true', '"Split"', '"Regex"',
+              '"pattern"', '"ByteLevel"', '"Sequence"', '"TemplateProcessing"', '"vocab"', '"merges"', '"unk_token"',
+              '"bos_token"', '"eos_token"', '"chat_template"', '"content"', '"name"', '"template"', 'null', '[]', '{}',
+              '"id"', '-1', '4294967296']
