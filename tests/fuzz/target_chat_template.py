@@ -46,7 +46,7 @@ def test_one_input(data: bytes) -> None:
     try:
         tokenizer.apply_chat_template(messages, add_generation_prompt=bool(data[0] & 16), **extra)
     except DOCUMENTED:
-        pass
+        return  # rendering once more could only fail again, after up to another 2 s
     tokenizer.chat_turn_end_token()  # catches ChatTemplateError itself
 
 
