@@ -184,9 +184,9 @@ class _Metadata:
         return value
 
     def token_id(self, key: str) -> int | None:
-        """A token id (a non-negative int), or None when absent."""
+        """A token id (an int32 >= 0, as the engine holds ids), or None when absent."""
         value = self.get(key, kind=int)
-        if value is not None and value < 0:
+        if value is not None and not 0 <= value < 2**31:
             raise ModelLoadError(f"{self.source}: metadata {key!r} must be a token id, got {value}")
         return value
 
