@@ -75,7 +75,8 @@ def run(name: str, seconds: int, corpus: Path | None = None, artifacts: Path | N
     import atheris
 
     target = load_target(name, instrument=True)
-    work = Path(tempfile.mkdtemp(prefix=f"ssd-fuzz-{name}-"))
+    work = Path(tempfile.mkdtemp(prefix=f"ssd-fuzz-{name}-"))  # seeds, and the corpus unless given
+    print(f"fuzzing {name} for {seconds} s; work directory {work}", flush=True)
     seed_dir = work / "seeds"
     seed_dir.mkdir()
     write_seeds(target, seed_dir)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
 import tempfile
 from pathlib import Path
 
@@ -29,7 +28,7 @@ DOCUMENTED = (ModelLoadError,)
 T = gguf.GGUFValueType
 logging.getLogger("gguf").setLevel(logging.ERROR)  # the writer warns about odd values; they are the point
 
-_DIR = Path(tempfile.mkdtemp(prefix="ssd-fuzz-gguf-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+_DIR = Path(tempfile.mkdtemp(prefix="ssd-fuzz-gguf-"))  # under $TMPDIR: the pytest run removes it
 _SPECS = gguf_files.seed_specs()
 _KEYS = sorted({k for s in _SPECS for k in s.metadata} | {
     "llama.rope.scaling.type", "llama.attention.value_length", "llama.rope.dimension_count",

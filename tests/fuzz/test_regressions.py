@@ -14,7 +14,7 @@ import pytest
 from ssd import _C
 from ssd.models import ChatTemplateError, ModelLoadError, Tokenizer, load
 from ssd.models.hf import load_tokenizer_files
-from tests.fuzz import gguf_files, target_tokenizer
+from tests.fuzz import gguf_files, tokenizer_files
 
 T = gguf_files.T
 
@@ -129,7 +129,7 @@ def test_gguf_projection_rows_not_in_heads(tmp_path):
 
 @pytest.fixture()
 def tokenizer_dir(tmp_path) -> Path:
-    for name, content in target_tokenizer.default_files().items():
+    for name, content in tokenizer_files.default_files().items():
         if name != "chat_template.jinja":
             (tmp_path / name).write_bytes(content)
     return tmp_path
@@ -137,7 +137,7 @@ def tokenizer_dir(tmp_path) -> Path:
 
 def test_tokenizer_files_load(tokenizer_dir):
     tokenizer, template = load_tokenizer_files(tokenizer_dir)
-    assert template == target_tokenizer.CHATML and tokenizer.eos_token == "<|im_end|>"
+    assert template == tokenizer_files.CHATML and tokenizer.eos_token == "<|im_end|>"
     assert tokenizer.chat_turn_end_token() == "<|im_end|>"
 
 
