@@ -25,9 +25,21 @@ void bind_testing(py::module_ m);  // testing_module.cpp
 namespace ssd {
 namespace {
 
+// A value that does not convert (a string for a size, an integer beyond
+// int64) is a bad value of that field: ValueError, like the checks of validate().
 template <typename T>
 void get(const py::dict& d, const char* key, T& out) {
-  if (d.contains(key) && !d[key].is_none()) out = d[key].cast<T>();
+  if (!d.contains(key) || d[key].is_none()) return;
+  try {
+    out = d[key].cast<T>();
+  } catch (const py::cast_error&) {
+    const char* wanted = std::is_same_v<T, bool>             ? "a bool"
+                         : std::is_integral_v<T>             ? "an integer within int64"
+                         : std::is_floating_point_v<T>       ? "a number"
+                                                             : "another type";
+    throw std::invalid_argument(std::string(key) + ": must be " + wanted + ", got " +
+                                py::repr(d[key]).cast<std::string>());
+  }
 }
 
 ModelConfig model_config_from(const py::dict& d) {

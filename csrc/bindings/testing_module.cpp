@@ -1,6 +1,7 @@
 // ssd._C.testing: the core's pieces bound one by one for the tests (kernels
 // through the model's packed layouts, the fan-out planner, the n-gram
-// fallback, the draft worker's ranked lists, keyed randomness). Not a product API.
+// fallback, the draft worker's ranked lists, keyed randomness, the checkpoint
+// parsers for the fuzz tests). Not a product API.
 #include <torch/extension.h>
 
 #include <pybind11/functional.h>
@@ -9,6 +10,8 @@
 #include "../kernels/cpu/linear.h"
 #include "../kernels/cpu/ops.h"
 #include "../kernels/cpu/sampling.h"
+#include "../model/json.h"
+#include "../model/safetensors.h"
 #include "../runtime/fanout.h"
 #include "../runtime/ngram.h"
 #include "../runtime/path_decoder.h"
@@ -140,11 +143,53 @@ void bind_kernel_pieces(py::module_& m) {
   });
 }
 
+// A parsed JSON value as the Python object json.loads gives for the same text.
+py::object to_python(const model::json::Value& v) {
+  if (v.is_null()) return py::none();
+  if (v.is_bool()) return py::bool_(v.as_bool());
+  if (v.is_int()) return py::int_(v.as_int());
+  if (v.is_number()) return py::float_(v.as_double());
+  if (v.is_string()) return py::str(v.as_string());
+  if (v.is_array()) {
+    py::list out;
+    for (const auto& item : v.as_array()) out.append(to_python(item));
+    return out;
+  }
+  py::dict out;
+  for (const auto& [key, member] : v.as_object()) out[py::str(key)] = to_python(member);
+  return out;
+}
+
+// The checkpoint parsers on bytes, for the fuzz tests (tests/fuzz/). Both
+// raise ValueError (std::invalid_argument) for malformed input, nothing else.
+void bind_parsers(py::module_& m) {
+  m.def(
+      "parse_json",
+      [](const py::bytes& text) { return to_python(model::json::parse(std::string_view(text))); },
+      py::arg("text"), "The C++ JSON reader (model/json.h) on `text`: the value as json.loads builds it.");
+  m.def(
+      "parse_safetensors",
+      [](const py::bytes& data, const std::string& path) {
+        const std::string_view bytes(data);
+        const uint64_t n = model::safetensors::header_length(bytes.substr(0, 8), bytes.size(), path);
+        const auto file = model::safetensors::parse_header(bytes.substr(8, n), bytes.size(), path);
+        py::dict tensors;
+        for (const auto& [name, info] : file.tensors)
+          tensors[py::str(name)] = py::make_tuple(info.dtype->name, info.dtype->itemsize, info.shape, info.begin,
+                                                  info.end);
+        return py::make_tuple(file.data_start, tensors);
+      },
+      py::arg("data"), py::arg("path") = "fuzz.safetensors",
+      "The header checks of a safetensors file whose whole contents are `data`: (data_start, {name: (dtype, "
+      "itemsize, shape, begin, end)}), offsets relative to data_start.");
+}
+
 }  // namespace
 
 void bind_testing(py::module_ m) {
   bind_runtime_pieces(m);
   bind_kernel_pieces(m);
+  bind_parsers(m);
 }
 
 }  // namespace ssd

@@ -273,37 +273,63 @@ at::ScalarType weight_dtype(const std::string& name) {
   fail("dtype: must be float32 or bfloat16, got '" + name + "'");
 }
 
-std::vector<std::pair<std::string, Shape>> expected_weight_shapes(const ModelConfig& c) {
+namespace {
+
+// The weights of layer `l`, in load order.
+void append_layer_weights(const ModelConfig& c, int64_t l, std::vector<std::pair<std::string, Shape>>& s) {
   const int64_t h = c.hidden_size, i = c.intermediate_size, d = c.head_dim;
   const int64_t q_out = c.num_heads * d, kv_out = c.num_kv_heads * d;
-  std::vector<std::pair<std::string, Shape>> s = {{"model.embed_tokens.weight", {c.vocab_size, h}}};
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    const std::string attn = p + "self_attn.", mlp = p + "mlp.";
-    s.insert(s.end(), {{p + "input_layernorm.weight", {h}},
-                       {attn + "q_proj.weight", {q_out, h}},
-                       {attn + "k_proj.weight", {kv_out, h}},
-                       {attn + "v_proj.weight", {kv_out, h}},
-                       {attn + "o_proj.weight", {h, q_out}},
-                       {p + "post_attention_layernorm.weight", {h}},
-                       {mlp + "gate_proj.weight", {i, h}},
-                       {mlp + "up_proj.weight", {i, h}},
-                       {mlp + "down_proj.weight", {h, i}}});
-    if (c.attention_bias)
-      s.insert(s.end(), {{attn + "q_proj.bias", {q_out}}, {attn + "k_proj.bias", {kv_out}},
-                         {attn + "v_proj.bias", {kv_out}}, {attn + "o_proj.bias", {h}}});
-    if (c.mlp_bias)
-      s.insert(s.end(), {{mlp + "gate_proj.bias", {i}}, {mlp + "up_proj.bias", {i}},
-                         {mlp + "down_proj.bias", {h}}});
-    if (c.qk_norm) s.insert(s.end(), {{attn + "q_norm.weight", {d}}, {attn + "k_norm.weight", {d}}});
+  const std::string p = "model.layers." + std::to_string(l) + ".";
+  const std::string attn = p + "self_attn.", mlp = p + "mlp.";
+  s.insert(s.end(), {{p + "input_layernorm.weight", {h}},
+                     {attn + "q_proj.weight", {q_out, h}},
+                     {attn + "k_proj.weight", {kv_out, h}},
+                     {attn + "v_proj.weight", {kv_out, h}},
+                     {attn + "o_proj.weight", {h, q_out}},
+                     {p + "post_attention_layernorm.weight", {h}},
+                     {mlp + "gate_proj.weight", {i, h}},
+                     {mlp + "up_proj.weight", {i, h}},
+                     {mlp + "down_proj.weight", {h, i}}});
+  if (c.attention_bias)
+    s.insert(s.end(), {{attn + "q_proj.bias", {q_out}}, {attn + "k_proj.bias", {kv_out}},
+                       {attn + "v_proj.bias", {kv_out}}, {attn + "o_proj.bias", {h}}});
+  if (c.mlp_bias)
+    s.insert(s.end(), {{mlp + "gate_proj.bias", {i}}, {mlp + "up_proj.bias", {i}},
+                       {mlp + "down_proj.bias", {h}}});
+  if (c.qk_norm) s.insert(s.end(), {{attn + "q_norm.weight", {d}}, {attn + "k_norm.weight", {d}}});
+}
+
+// A config from a corrupt file may claim billions of layers: rather than list
+// their weights, name the first one missing among the first layers.
+[[noreturn]] void fail_too_many_layers(const std::set<std::string>& available, const ModelConfig& c,
+                                       const std::string& source) {
+  std::vector<std::pair<std::string, Shape>> layer = {{"model.embed_tokens.weight", {}}};
+  for (int64_t l = 0;; ++l) {
+    if (l > 0) layer.clear();
+    append_layer_weights(c, l, layer);
+    for (const auto& entry : layer)
+      if (!available.count(entry.first))
+        fail(source + ": missing tensor " + entry.first + " (the config's " + std::to_string(c.num_layers) +
+             " layers need more tensors than the " + std::to_string(available.size()) + " there are)");
   }
-  s.push_back({"model.norm.weight", {h}});
-  if (!c.tie_word_embeddings) s.push_back({"lm_head.weight", {c.vocab_size, h}});
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, Shape>> expected_weight_shapes(const ModelConfig& c) {
+  std::vector<std::pair<std::string, Shape>> s = {{"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}}};
+  for (int64_t l = 0; l < c.num_layers; ++l) append_layer_weights(c, l, s);
+  s.push_back({"model.norm.weight", {c.hidden_size}});
+  if (!c.tie_word_embeddings) s.push_back({"lm_head.weight", {c.vocab_size, c.hidden_size}});
   return s;
 }
 
 void check_weight_names(const std::set<std::string>& available, const ModelConfig& c,
                         const std::string& source) {
+  std::vector<std::pair<std::string, Shape>> first_layer;
+  append_layer_weights(c, 0, first_layer);
+  if (static_cast<uint64_t>(c.num_layers) > available.size() / first_layer.size())
+    fail_too_many_layers(available, c, source);
   std::vector<std::string> missing, unexpected;
   std::set<std::string> wanted;
   for (const auto& [name, shape] : expected_weight_shapes(c)) {

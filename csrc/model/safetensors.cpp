@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <bit>
 #include <limits>
 #include <stdexcept>
@@ -93,18 +94,9 @@ std::string header_text(const fs::path& path, uint64_t& file_size) {
   file_size = fs::file_size(path, ec);
   std::ifstream in(path, std::ios::binary);
   if (ec || !in) fail("cannot read safetensors file " + where + (ec ? ": " + ec.message() : ""));
-  if (file_size < 8)
-    fail(where + ": truncated safetensors file (" + std::to_string(file_size) +
-         " bytes, less than the 8-byte header length)");
-  unsigned char prefix[8];
-  in.read(reinterpret_cast<char*>(prefix), 8);
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | prefix[i];
-  if (n > kMaxHeaderBytes)
-    fail(where + ": safetensors header length " + std::to_string(n) + " exceeds the 100 MB limit (corrupt file?)");
-  if (n > file_size - 8)
-    fail(where + ": truncated safetensors file: the header needs " + std::to_string(n) + " bytes, but only " +
-         std::to_string(file_size - 8) + " follow the length");
+  char prefix[8] = {};
+  in.read(prefix, static_cast<std::streamsize>(std::min<uint64_t>(file_size, 8)));
+  const uint64_t n = header_length(std::string_view(prefix, std::min<uint64_t>(file_size, 8)), file_size, where);
   std::string header(n, '\0');
   in.read(header.data(), static_cast<std::streamsize>(n));
   if (!in) fail("cannot read safetensors file " + where);
@@ -119,13 +111,26 @@ std::string shape_text(const Shape& shape) {
   return s + "]";
 }
 
-File read_header(const fs::path& path) {
+uint64_t header_length(std::string_view prefix, uint64_t file_size, const std::string& where) {
+  if (file_size < 8 || prefix.size() < 8)
+    fail(where + ": truncated safetensors file (" + std::to_string(file_size) +
+         " bytes, less than the 8-byte header length)");
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(prefix[i]);
+  if (n > kMaxHeaderBytes)
+    fail(where + ": safetensors header length " + std::to_string(n) + " exceeds the 100 MB limit (corrupt file?)");
+  if (n > file_size - 8)
+    fail(where + ": truncated safetensors file: the header needs " + std::to_string(n) + " bytes, but only " +
+         std::to_string(file_size - 8) + " follow the length");
+  return n;
+}
+
+File parse_header(std::string_view header, uint64_t file_size, const fs::path& path) {
   const std::string where = path.string();
-  uint64_t size = 0;
-  const std::string header = header_text(path, size);
+  const uint64_t data_start = 8 + header.size();
+  if (data_start > file_size) fail(where + ": truncated safetensors file (the header runs past its end)");
   const Value root = json::parse(header, where + " (safetensors header)");
   if (!root.is_object()) fail(where + ": safetensors header is not a JSON object");
-  const uint64_t data_start = 8 + header.size();
   File file{path, data_start, {}};
   for (const auto& [name, entry] : root.as_object()) {
     if (name == "__metadata__") {
@@ -134,9 +139,15 @@ File read_header(const fs::path& path) {
         if (!value.is_string()) fail(where + ": '__metadata__' value of '" + key + "' is not a string");
       continue;
     }
-    file.tensors.emplace(name, tensor_info(entry, size - data_start, where + ": tensor " + name));
+    file.tensors.emplace(name, tensor_info(entry, file_size - data_start, where + ": tensor " + name));
   }
   return file;
+}
+
+File read_header(const fs::path& path) {
+  uint64_t size = 0;
+  const std::string header = header_text(path, size);
+  return parse_header(header, size, path);
 }
 
 at::Tensor read_tensor(const File& file, const std::string& name, const TensorInfo& info, std::ifstream& in) {

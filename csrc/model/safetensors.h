@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ssd::model::safetensors {
@@ -42,6 +43,16 @@ struct File {
 /// Reads and validates the header of `path`. Throws std::invalid_argument
 /// naming the file (and tensor) for a truncated or malformed file.
 File read_header(const std::filesystem::path& path);
+
+/// The JSON header's length, read from `prefix` (the file's first bytes, at
+/// least 8 of them unless the file is shorter) and checked against
+/// `file_size` and the 100 MB limit. Throws std::invalid_argument led by `where`.
+uint64_t header_length(std::string_view prefix, uint64_t file_size, const std::string& where);
+
+/// The checks read_header makes on the header text `header` of a file of
+/// `file_size` bytes at `path`, without reading the file: the parse half of
+/// read_header, bound for the fuzz tests (ssd._C.testing.parse_safetensors).
+File parse_header(std::string_view header, uint64_t file_size, const std::filesystem::path& path);
 
 /// Reads tensor `name` of `file` through `in` (an open stream of that file),
 /// in the dtype stored; throws for a dtype that is not a float type.

@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <sstream>
 #include <string>
@@ -42,6 +43,13 @@ double physical_memory() {
   return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
 }
 
+// Weight shapes multiply these sizes; a config read from a corrupt file may
+// hold values whose products overflow int64.
+void product_fits(const std::string& field, int64_t a, int64_t b) {
+  if (a > std::numeric_limits<int64_t>::max() / b)
+    bad(field, "is too large (" + std::to_string(a) + " x " + std::to_string(b) + " overflows int64)");
+}
+
 }  // namespace
 
 Architecture parse_architecture(const std::string& name) {
@@ -63,6 +71,10 @@ void ModelConfig::validate() const {
     bad("num_kv_heads", "must divide num_heads (" + std::to_string(num_heads) + "), got " +
                             std::to_string(num_kv_heads));
   if (head_dim % 2 != 0) bad("head_dim", "must be even for rotary embeddings");
+  product_fits("num_heads", num_heads, head_dim);
+  product_fits("vocab_size", vocab_size, hidden_size);
+  product_fits("intermediate_size", intermediate_size, hidden_size);
+  product_fits("hidden_size", hidden_size, num_heads * head_dim);
   if (!(rms_norm_eps > 0)) bad("rms_norm_eps", "must be > 0");
   if (!(rope_theta > 0)) bad("rope_theta", "must be > 0");
   if (rope_scaling.enabled && !(rope_scaling.factor > 0 &&

@@ -91,25 +91,55 @@ def load_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedMod
     tokenizer = build_tokenizer(meta)
     weights = _read_weights(tensors, config, meta.architecture, dtype, device, str(path))
     eos_ids = end_of_sequence_ids(
-        [meta.get(f"tokenizer.ggml.{kind}_token_id") for kind in ("eos", "eot", "eom")], tokenizer)
+        [meta.token_id(f"tokenizer.ggml.{kind}_token_id") for kind in ("eos", "eot", "eom")], tokenizer)
     return LoadedModel(
         config=config,
         weights=weights,
         tokenizer=tokenizer,
         eos_token_ids=eos_ids,
-        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-        chat_template=meta.get("tokenizer.chat_template"),
+        bos_token_id=meta.token_id("tokenizer.ggml.bos_token_id"),
+        chat_template=meta.get("tokenizer.chat_template", kind=str),
         source=str(path),
         name=path.stem,
     )
 
 
+class _Truncated(ValueError):
+    """A read past the end of the file: ``needed`` bytes wanted, ``size`` there."""
+
+    def __init__(self, needed: int, size: int) -> None:
+        super().__init__(f"needs {needed} bytes, has {size}")
+        self.needed, self.size = needed, size
+
+
+class _CheckedReader(gguf.GGUFReader):
+    """``GGUFReader`` whose every read is bounds-checked.
+
+    The stock reader slices its memory map without checking the end, so a
+    truncated file fails later with numpy's shape errors -- or not at all: an
+    array whose count runs past the end reads empty items forever.
+    """
+
+    def _get(self, offset, dtype, count=1, *args, **kwargs):
+        needed = int(offset) + np.dtype(dtype).itemsize * int(count)
+        if needed > len(self.data):
+            raise _Truncated(needed, len(self.data))
+        return super()._get(offset, dtype, count, *args, **kwargs)
+
+
 def _open_reader(path: Path) -> gguf.GGUFReader:
-    """A ``GGUFReader`` for ``path``; ModelLoadError when the file is unreadable."""
+    """A GGUF reader for ``path``; ModelLoadError naming the problem when the file is unreadable."""
     try:
-        return gguf.GGUFReader(path)
-    except Exception as exc:  # bad magic, truncated file, unknown types
+        return _CheckedReader(path)
+    except _Truncated as exc:
+        raise ModelLoadError(
+            f"cannot read GGUF file {path}: the file is truncated or corrupt: its contents need at "
+            f"least {exc.needed} bytes, but it has {exc.size}") from exc
+    except OSError as exc:
         raise ModelLoadError(f"cannot read GGUF file {path}: {exc}") from exc
+    except Exception as exc:  # bad magic or version, unknown value or tensor types, bad UTF-8, ...
+        raise ModelLoadError(f"cannot read GGUF file {path}: corrupt or unsupported GGUF file "
+                             f"({type(exc).__name__}: {exc})") from exc
 
 
 class _Metadata:
@@ -118,28 +148,46 @@ class _Metadata:
     def __init__(self, reader: gguf.GGUFReader, source: str) -> None:
         self.fields = reader.fields
         self.source = source
-        self.architecture = self.require("general.architecture")
+        self.architecture = self.require("general.architecture", kind=str)
         if self.architecture not in ARCHITECTURES:
             raise ModelLoadError(
                 f"{source}: unsupported GGUF architecture {self.architecture!r}; "
                 f"supported: {', '.join(ARCHITECTURES)}"
             )
 
-    def get(self, key: str, default: Any = None) -> Any:
-        """The value of ``key`` (scalar, str or list), or ``default`` when absent."""
+    def get(self, key: str, default: Any = None, kind: type | None = None, item: type | None = None) -> Any:
+        """The value of ``key``, or ``default`` when absent.
+
+        ``kind`` (``int``, ``float``, ``bool``, ``str`` or ``list``) is the type
+        the value must have (an int passes as a float, a bool as nothing but a
+        bool); ``item`` the type of every element of a list. ModelLoadError
+        names the key when the file holds something else.
+        """
         field = self.fields.get(key)
         if field is None:
             return default
         try:
-            return field.contents()
+            value = field.contents()
         except Exception as exc:
             raise ModelLoadError(f"{self.source}: cannot read metadata {key!r}: {exc}") from exc
+        if kind is not None and not _has_type(value, kind, item):
+            wanted = _TYPE_NAMES[kind] + (f" of {_TYPE_NAMES[item].split()[1]}s" if item else "")
+            raise ModelLoadError(f"{self.source}: metadata {key!r} must be {wanted}, "
+                                 f"got {_short(value)}")
+        return value
 
-    def require(self, key: str) -> Any:
-        """The value of ``key``; ModelLoadError when absent."""
-        value = self.get(key)
+    def require(self, key: str, kind: type | None = None, item: type | None = None) -> Any:
+        """The value of ``key`` (see ``get``); ModelLoadError when absent."""
+        value = self.get(key, kind=kind, item=item)
         if value is None:
             raise ModelLoadError(f"{self.source}: missing metadata {key!r}")
+        return value
+
+    def token_id(self, key: str) -> int | None:
+        """A token id (an int32 >= 0, as the engine holds ids), or None when absent."""
+        value = self.get(key, kind=int)
+        if value is not None and not 0 <= value < 2**31:
+            raise ModelLoadError(f"{self.source}: metadata {key!r} must be a token id, got {value}")
         return value
 
     def arch_int(self, key: str, default: int | None = None) -> int:
@@ -150,7 +198,7 @@ class _Metadata:
             raise ModelLoadError(f"{self.source}: missing metadata {full!r}")
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ModelLoadError(f"{self.source}: metadata {full!r} must be a positive integer, "
-                                 f"got {value!r}")
+                                 f"got {_short(value)}")
         return value
 
     def arch_float(self, key: str, default: float) -> float:
@@ -159,8 +207,29 @@ class _Metadata:
         GGUF stores these as float32; ``1e-5`` reads back as
         ``9.99999974e-06``. Rounding recovers the value the config was written with.
         """
-        value = self.get(f"{self.architecture}.{key}")
+        value = self.get(f"{self.architecture}.{key}", kind=float)
         return default if value is None else float(str(np.float32(value)))
+
+
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "a bool", str: "a string", list: "a list"}
+
+
+def _has_type(value: Any, kind: type, item: type | None) -> bool:
+    """Whether ``value`` is a ``kind`` (of ``item``s); bools are only bools, ints are floats too."""
+    def is_a(v: Any, t: type) -> bool:
+        if isinstance(v, bool):
+            return t is bool
+        return isinstance(v, t) or (t is float and isinstance(v, int))
+
+    if not is_a(value, kind):
+        return False
+    return item is None or all(is_a(v, item) for v in value)
+
+
+def _short(value: Any) -> str:
+    """``repr(value)`` cut to a length an error message can carry."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 # ------------------------------------------------------------------ config
@@ -212,13 +281,13 @@ def _default_head_dim(hidden: int, heads: int, source: str) -> int:
 
 def _vocab_size(meta: _Metadata) -> int | None:
     """Vocabulary size from the token list, when the file has one."""
-    tokens = meta.get("tokenizer.ggml.tokens")
+    tokens = meta.get("tokenizer.ggml.tokens", kind=list)
     return len(tokens) if tokens else None
 
 
 def _check_rope_scaling(meta: _Metadata, tensor_names: set[str]) -> None:
     """Reject rope scaling; GGUF carries llama3 scaling only as a ``rope_freqs`` tensor."""
-    kind = meta.get(f"{meta.architecture}.rope.scaling.type")
+    kind = meta.get(f"{meta.architecture}.rope.scaling.type", kind=str)
     if kind not in (None, "none"):
         raise ModelLoadError(f"{meta.source}: unsupported rope scaling type {kind!r} in GGUF")
     if "rope_freqs.weight" in tensor_names:
@@ -252,10 +321,10 @@ def _read_weights(tensors: dict[str, Any], config: ModelConfig, architecture: st
     check_names(gguf_name_of, config, source)
     weights: dict[str, torch.Tensor] = {}
     for name, shape in expected_shapes(config).items():
-        tensor = dequantize(tensors[gguf_name_of[name]], source)
-        if architecture == "llama":
-            tensor = _undo_rope_permutation(name, tensor, config)
-        weights[name] = finish_tensor(name, tensor, shape, dtype, device, source)
+        tensor = finish_tensor(name, dequantize(tensors[gguf_name_of[name]], source), shape, dtype, device, source)
+        if architecture == "llama":  # after finish_tensor's shape check: the rows split into heads
+            tensor = _undo_rope_permutation(name, tensor, config).contiguous()
+        weights[name] = tensor
     return weights
 
 
@@ -311,29 +380,37 @@ def build_tokenizer(meta: _Metadata) -> Tokenizer | None:
     if kind is None:
         return None
     if kind != "gpt2":
-        raise ModelLoadError(f"{meta.source}: unsupported GGUF tokenizer model {kind!r}; "
+        raise ModelLoadError(f"{meta.source}: unsupported GGUF tokenizer model {_short(kind)}; "
                              "supported: 'gpt2' (byte-level BPE)")
-    tokens: list[str] = meta.require("tokenizer.ggml.tokens")
-    pre = meta.get("tokenizer.ggml.pre", "gpt2")
-    backend = tokenizers.Tokenizer(models.BPE(
-        vocab={token: i for i, token in enumerate(tokens)},
-        merges=_merges(meta),
-        ignore_merges=pre in _LLAMA3_PRE,
-    ))
-    backend.normalizer = _normalizer(pre)
-    backend.pre_tokenizer = _pre_tokenizer(pre, meta.source)
-    backend.decoder = decoders.ByteLevel()
-    _add_special_tokens(backend, tokens, meta.get("tokenizer.ggml.token_type") or [], meta.source)
-    bos, eos = (_token_at(tokens, meta.get(f"tokenizer.ggml.{k}_token_id")) for k in ("bos", "eos"))
-    backend.post_processor = _post_processor(meta, bos, eos)
+    tokens: list[str] = meta.require("tokenizer.ggml.tokens", kind=list, item=str)
+    pre = meta.get("tokenizer.ggml.pre", "gpt2", kind=str)
+    pre_tokenizer = _pre_tokenizer(pre, meta.source)
+    merges = _merges(meta)
+    token_types = meta.get("tokenizer.ggml.token_type", [], kind=list, item=int)
+    bos, eos = (_token_at(tokens, meta.token_id(f"tokenizer.ggml.{k}_token_id")) for k in ("bos", "eos"))
+    try:  # the tokenizers library checks what it is given (merges of unknown tokens, ...)
+        backend = tokenizers.Tokenizer(models.BPE(
+            vocab={token: i for i, token in enumerate(tokens)},
+            merges=merges,
+            ignore_merges=pre in _LLAMA3_PRE,
+        ))
+        backend.normalizer = _normalizer(pre)
+        backend.pre_tokenizer = pre_tokenizer
+        backend.decoder = decoders.ByteLevel()
+        _add_special_tokens(backend, tokens, token_types, meta.source)
+        backend.post_processor = _post_processor(meta, bos, eos)
+    except ModelLoadError:
+        raise
+    except Exception as exc:
+        raise ModelLoadError(f"{meta.source}: cannot build the tokenizer its metadata describes: {exc}") from exc
     return Tokenizer(backend, bos_token=bos, eos_token=eos,
-                     chat_template=meta.get("tokenizer.chat_template"), source=meta.source)
+                     chat_template=meta.get("tokenizer.chat_template", kind=str), source=meta.source)
 
 
 def _merges(meta: _Metadata) -> list[tuple[str, str]]:
     """BPE merges ``"a b"`` -> ``("a", "b")``."""
     pairs = []
-    for merge in meta.require("tokenizer.ggml.merges"):
+    for merge in meta.require("tokenizer.ggml.merges", kind=list, item=str):
         parts = merge.split(" ")
         if len(parts) != 2:
             raise ModelLoadError(f"{meta.source}: malformed tokenizer merge {merge!r}")
@@ -401,14 +478,14 @@ def _token_at(tokens: list[str], token_id: int | None) -> str | None:
 def _post_processor(meta: _Metadata, bos: str | None,
                     eos: str | None) -> processors.PostProcessor | None:
     """BOS/EOS added by ``encode(add_special_tokens=True)``, as the metadata asks."""
-    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False)) and bos is not None
-    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and eos is not None
+    add_bos = meta.get("tokenizer.ggml.add_bos_token", False, kind=bool) and bos is not None
+    add_eos = meta.get("tokenizer.ggml.add_eos_token", False, kind=bool) and eos is not None
     if not (add_bos or add_eos):
         return None
     prefix = [f"{bos}:0"] if add_bos else []
     suffix = [f"{eos}:0"] if add_eos else []
-    specials = ([(bos, meta.get("tokenizer.ggml.bos_token_id"))] if add_bos else []) + \
-               ([(eos, meta.get("tokenizer.ggml.eos_token_id"))] if add_eos else [])
+    specials = ([(bos, meta.token_id("tokenizer.ggml.bos_token_id"))] if add_bos else []) + \
+               ([(eos, meta.token_id("tokenizer.ggml.eos_token_id"))] if add_eos else [])
     return processors.TemplateProcessing(
         single=[*prefix, "$A:0", *suffix],
         pair=[*prefix, "$A:0", *suffix, *prefix, "$B:1", *suffix],

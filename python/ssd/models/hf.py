@@ -24,9 +24,7 @@ from .tokenizer import Tokenizer
 
 def load_hf_dir(model_dir: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     """Load the model in ``model_dir`` with weights in ``dtype`` on ``device``."""
-    tokenizer_config = _tokenizer_config(model_dir)
-    chat_template = _chat_template(model_dir, tokenizer_config)
-    tokenizer = _load_tokenizer(model_dir, tokenizer_config, chat_template)
+    tokenizer, chat_template = load_tokenizer_files(model_dir)
     checkpoint = _load_checkpoint(model_dir, dtype)  # last: the slow part
     bos_id = checkpoint["bos_token_id"]
     if bos_id is None and tokenizer is not None:
@@ -64,6 +62,17 @@ def _gguf_hint(model_dir: Path) -> str:
 # --------------------------------------------------------------- tokenizer
 
 
+def load_tokenizer_files(model_dir: Path) -> tuple[Tokenizer | None, str | None]:
+    """The tokenizer (None without tokenizer.json) and the chat template (None without one).
+
+    Reads tokenizer.json, tokenizer_config.json, special_tokens_map.json and
+    chat_template.{jinja,json}; ModelLoadError names the file that cannot be read.
+    """
+    tokenizer_config = _tokenizer_config(model_dir)
+    chat_template = _chat_template(model_dir, tokenizer_config)
+    return _load_tokenizer(model_dir, tokenizer_config, chat_template), chat_template
+
+
 def _tokenizer_config(model_dir: Path) -> dict[str, Any]:
     """``special_tokens_map.json`` overlaid with ``tokenizer_config.json`` (both optional)."""
     merged = dict(_optional_json(model_dir / "special_tokens_map.json"))
@@ -75,12 +84,16 @@ def _chat_template(model_dir: Path, tokenizer_config: dict[str, Any]) -> str | N
     """The chat template: ``chat_template.jinja``, ``chat_template.json`` or tokenizer_config."""
     jinja_file = model_dir / "chat_template.jinja"
     if jinja_file.is_file():
-        return jinja_file.read_text(encoding="utf-8")
+        try:
+            return jinja_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ModelLoadError(f"cannot read {jinja_file}: {exc}") from exc
     template = _optional_json(model_dir / "chat_template.json").get("chat_template")
     if template is None:
         template = tokenizer_config.get("chat_template")
     if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        named = {t.get("name"): t.get("template") for t in template
+                 if isinstance(t, dict) and isinstance(t.get("name"), str)}
         template = named.get("default", next(iter(named.values()), None))
     return template if isinstance(template, str) else None
 
@@ -119,6 +132,8 @@ def _optional_json(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ModelLoadError(f"cannot read {path}: {exc}") from exc
+    except RecursionError as exc:
+        raise ModelLoadError(f"cannot read {path}: JSON nested too deeply") from exc
     if not isinstance(data, dict):
         raise ModelLoadError(f"{path} does not hold a JSON object")
     return data

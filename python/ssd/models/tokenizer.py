@@ -1,26 +1,20 @@
 """A small tokenizer wrapper: encode, decode and chat templates.
 
 It wraps a ``tokenizers.Tokenizer`` (built from ``tokenizer.json`` or from a
-GGUF file's metadata) and renders chat templates with a sandboxed jinja2
-environment that offers the same helpers as HuggingFace's ``apply_chat_template``
-(``raise_exception``, ``strftime_now``, a non-escaping ``tojson``, and the
-``bos_token`` / ``eos_token`` variables).
+GGUF file's metadata) and renders chat templates in a bounded, sandboxed
+jinja2 environment that offers the same helpers as HuggingFace's
+``apply_chat_template`` (see ``chat_template.py``).
 """
 from __future__ import annotations
 
-import datetime
-import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jinja2
-import jinja2.ext
-import jinja2.nodes
-import jinja2.parser
-import jinja2.sandbox
 import tokenizers
 import tokenizers.decoders
 
+from .chat_template import compile_template, render
 from .errors import ChatTemplateError, ModelLoadError
 
 # Stand-in for an assistant reply when probing a chat template for the token
@@ -141,16 +135,17 @@ class Tokenizer:
 
         Returns: the prompt text; encode it with ``encode(text)`` (the template
         already writes any special tokens it wants).
+
+        Raises:
+            ChatTemplateError: the template does not compile, fails, runs over
+                its time or size limits (``chat_template.py``).
+            ModelLoadError: the model has no chat template.
         """
         template = self._compiled_template()
         variables = {"tools": None, "documents": None, **self._special_token_vars()}
         variables.update(template_vars)
-        try:
-            return template.render(
-                messages=list(messages), add_generation_prompt=add_generation_prompt, **variables
-            )
-        except Exception as exc:  # raise_exception(), bad messages, template bugs
-            raise ChatTemplateError(f"chat template of {self.source} failed: {exc}") from exc
+        variables.update(messages=list(messages), add_generation_prompt=add_generation_prompt)
+        return render(template, variables, self.source)
 
     def chat_turn_end_token(self) -> str | None:
         """The special token the chat template writes right after an assistant reply.
@@ -194,55 +189,6 @@ class Tokenizer:
         if self.chat_template is None:
             raise ModelLoadError(f"{self.source} has no chat template")
         if self._compiled is None or self._compiled[0] != self.chat_template:
-            compiled = _compile_chat_template(self.chat_template, self.source)
+            compiled = compile_template(self.chat_template, self.source)
             self._compiled = (self.chat_template, compiled)
         return self._compiled[1]
-
-
-def _compile_chat_template(template: str, source: str) -> jinja2.Template:
-    """Compile ``template`` in a sandboxed environment shaped like HuggingFace's."""
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True,
-        extensions=[jinja2.ext.loopcontrols, _GenerationBlock],
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    try:
-        return env.from_string(template)
-    except jinja2.TemplateError as exc:
-        raise ChatTemplateError(f"chat template of {source} does not compile: {exc}") from exc
-
-
-class _GenerationBlock(jinja2.ext.Extension):
-    """``{% generation %}...{% endgeneration %}``: HF's marker around assistant text.
-
-    HuggingFace uses it to build assistant masks; here it renders its body unchanged.
-    """
-
-    tags = {"generation"}
-
-    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
-
-    def _render(self, caller: Any) -> str:
-        return caller()
-
-
-def _raise_exception(message: str) -> None:
-    """Template helper: abort rendering with ``message``."""
-    raise jinja2.TemplateError(message)
-
-
-def _strftime_now(fmt: str) -> str:
-    """Template helper: the current local time formatted with ``fmt``."""
-    return datetime.datetime.now().strftime(fmt)
-
-
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
-    """Template filter: JSON without jinja2's HTML escaping (as HF templates expect)."""
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
-                      separators=separators, sort_keys=sort_keys)
