@@ -137,6 +137,22 @@ void bind_kernel_pieces(py::module_& m) {
         py::arg("x"), py::arg("w"), py::arg("bias") = py::none(), py::arg("pairs") = false, py::arg("threads") = 1,
         "y = x @ w.T (+ bias) through the model's packed kernels: the exact layout (fp32 "
         "activations, batch invariant) or, with pairs=True, the draft's bf16 pair kernels.");
+  m.def("thread_pool_visits",
+        [](int64_t n, int64_t grain, int64_t threads, int64_t jobs) {
+          kernels::ThreadPool pool(threads);
+          std::vector<std::atomic<int64_t>> visits(static_cast<size_t>(n));
+          std::atomic<bool> aligned{true};
+          for (int64_t j = 0; j < jobs; ++j)
+            pool.parallel_for(n, grain, [&](int64_t begin, int64_t end) {
+              if (begin % grain != 0 || begin >= end) aligned = false;
+              for (int64_t i = begin; i < end; ++i) visits[i].fetch_add(1, std::memory_order_relaxed);
+            });
+          std::vector<int64_t> counts(visits.begin(), visits.end());
+          return std::make_pair(counts, aligned.load());
+        },
+        py::arg("n"), py::arg("grain"), py::arg("threads"), py::arg("jobs"),
+        "Runs `jobs` parallel_for calls over [0, n) on one ThreadPool; returns (how often each index was "
+        "visited, whether every chunk was non-empty and began on a multiple of grain).");
   m.def("pairs_native", &kernels::pairs_native, "Whether the bf16 pair kernels use AVX512-BF16 instructions.");
   m.def("keyed_uniform", [](uint64_t seed, uint64_t position, uint64_t purpose) {
     return kernels::keyed_uniform(seed, position, static_cast<kernels::RandomPurpose>(purpose));

@@ -42,7 +42,8 @@ def test_bench_directory_holds_only_results_and_kernel_benchmarks():
     assert {p.name for p in (REPO / "bench").iterdir()} <= {"kernels", "results"}
 
 
-@pytest.mark.parametrize("name, option", [("decode", "--bw-mb"), ("fallback", "--auto")])
+@pytest.mark.parametrize("name, option", [("decode", "--bw-mb"), ("contention", "--busy-cpu"),
+                                          ("fallback", "--auto")])
 def test_subcommand_help(name, option):
     proc = bench(name, "--help")
     assert proc.returncode == 0, proc.stderr
@@ -162,6 +163,64 @@ def test_decode_worker_measures_bandwidth_and_rejects_unknown_jobs(capsys):
     assert result["bytes"] == 2 * 8 * 2**20 and result["gbps"] > 0
     assert main([json.dumps({"kind": "llama.cpp"})]) == 2
     assert "unknown job kind 'llama.cpp'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- contention
+
+
+def test_contention_rejects_bad_options():
+    proc = bench("contention", "--runs", "0")
+    assert proc.returncode == 2 and "must be positive" in proc.stderr
+    proc = bench("contention", "--max-tokens", "1")
+    assert proc.returncode == 2 and "--max-tokens must be at least 2" in proc.stderr
+
+
+def test_busy_process_spins_apart_from_the_foreign_load_and_is_stopped():
+    import time
+
+    from ssd.bench.contention import busy_process, usable_cpus
+    from ssd.bench.cpu_load import ForeignLoad
+
+    with busy_process(usable_cpus()[-1]) as proc:
+        with ForeignLoad([proc.pid]) as load:
+            time.sleep(0.5)
+        assert proc.poll() is None
+    assert proc.poll() is not None  # killed and reaped when the block ends
+    if load.excluded_fraction is not None:  # /proc is there
+        assert load.excluded_fraction > 0  # its CPU time is counted apart, not as a third party's
+
+
+def test_contention_summary_and_table():
+    from ssd.bench.contention import summarise, table
+
+    def row(threads, load, rates, other):
+        return {"threads": threads, "load": load, "rates": rates, "other_cpu_fraction": other,
+                "busy_cpu_fraction": [0.5] * len(rates) if load == "busy" else [0.0] * len(rates)}
+
+    rows = [row(1, "alone", [100.0, 120.0, 110.0], [0.01] * 3), row(2, "alone", [150.0, 160.0, 155.0], [0.02] * 3),
+            row(1, "busy", [100.0, 105.0, 90.0], [0.01] * 3), row(2, "busy", [50.0, 60.0, 70.0], [0.3, None, 0.0])]
+    ratios = summarise(rows)
+    assert ratios == pytest.approx({"alone": 155 / 110, "busy": 60 / 100})
+    assert rows[3]["other_cpu_median"] == pytest.approx(0.15) and rows[2]["busy_cpu_median"] == 0.5
+    text = table(rows, ratios)
+    assert "2 threads / 1 thread, busy: 0.60x" in text and "(50.0-70.0)" in text
+    assert "WARNING: third parties used more than 10%" in text
+    assert "WARNING" not in table(rows[:3], summarise(rows[:3]))
+
+
+def test_contention_smoke_run_writes_json(pair, tmp_path):
+    target, _ = pair
+    out = tmp_path / "c.json"
+    proc = bench("contention", "--model", str(target), "--runs", "1", "--max-tokens", "4", "--dtype", "float32",
+                 "--wait-idle", "0", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 threads / 1 thread, busy:" in proc.stdout
+    doc = json.loads(out.read_text())
+    assert doc["command"].startswith("python -m ssd.bench contention --model ")
+    assert {(r["threads"], r["load"]) for r in doc["results"]} == {(1, "alone"), (2, "alone"), (1, "busy"),
+                                                                   (2, "busy")}
+    assert all(len(r["rates"]) == 1 and r["tok_s"] > 0 for r in doc["results"])
+    assert set(doc["two_over_one_thread"]) == {"alone", "busy"}
 
 
 # ---------------------------------------------------------------- fallback

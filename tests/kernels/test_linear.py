@@ -47,7 +47,7 @@ def test_rows_are_batch_invariant_and_accurate(n, k, dtype, pairs):
     g = torch.Generator().manual_seed(7)
     for m in ROW_COUNTS:
         rows = torch.randperm(x.shape[0], generator=g)[:m]
-        for threads in (1, 2):
+        for threads in (1, 2, 3):
             part = _C.testing.packed_linear(x[rows], w, bias, pairs=pairs, threads=threads)
             assert torch.equal(part, full[rows]), (m, threads)
 

@@ -1,7 +1,7 @@
 """python -m ssd.bench: the one entry point of the project's benchmarks (``python -m ssd.bench --help``).
 
 Without a subcommand it runs the default benchmark (``ssd.bench``'s docstring);
-``decode`` and ``fallback`` are the others, and the kernel benchmarks stay
+``decode``, ``contention`` and ``fallback`` are the others, and the kernel benchmarks stay
 scripts in the source tree (listed in the help's epilog).
 """
 from __future__ import annotations
@@ -18,6 +18,8 @@ from .record import BENCH_PROG, command_line, write_result
 SUBCOMMANDS = {
     "decode": ("ssd.bench.decode", "[--quick] [--json FILE] [--plot FILE]",
                "batch-1 decode tok/s of ssd beside transformers on SmolLM2-135M, and the memory-bandwidth bound"),
+    "contention": ("ssd.bench.contention", "[--runs N] [--json FILE]",
+                   "batch-1 bf16 decode tok/s on 1 and 2 threads, alone and beside a competing busy process"),
     "fallback": ("ssd.bench.fallback", "--auto FILE [--json FILE] [--plot FILE]",
                  "ssd with the neural and the fast cache-miss fallback forced, beside a default run's auto"),
 }

@@ -27,13 +27,14 @@ def _timed_runs(job: dict, generate_once) -> dict:
     generate_once()
     _step()
     rates, ttfts, tokens = [], [], None
-    with ForeignLoad() as load:
+    with ForeignLoad(job.get("exclude_pids", ())) as load:
         for _ in range(job["repeats"]):
             rate, ttft, tokens = generate_once()
             rates.append(rate)
             ttfts.append(ttft)
             _step()
-    return {"rates": rates, "ttft_s": ttfts, "token_ids": tokens, "other_cpu_fraction": load.fraction}
+    return {"rates": rates, "ttft_s": ttfts, "token_ids": tokens, "other_cpu_fraction": load.fraction,
+            "excluded_cpu_fraction": load.excluded_fraction}
 
 
 def run_ssd(job: dict) -> dict:
