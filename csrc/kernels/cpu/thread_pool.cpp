@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <stdexcept>
+#include <string>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -51,16 +53,30 @@ int64_t ns_since(Clock::time_point t) {
 }  // namespace
 
 ThreadPool::ThreadPool(int64_t num_threads) : num_threads_(std::max<int64_t>(1, num_threads)) {
-  for (int64_t i = 1; i < num_threads_; ++i) workers_.emplace_back([this] { worker_loop(); });
+  try {
+    workers_.reserve(static_cast<size_t>(num_threads_ - 1));
+    for (int64_t i = 1; i < num_threads_; ++i) workers_.emplace_back([this] { worker_loop(); });
+  } catch (const std::exception& e) {
+    // The destructor does not run for a constructor that throws, and a
+    // joinable std::thread must not be destroyed: stop the started workers here.
+    const auto started = workers_.size();
+    stop_workers();
+    throw std::runtime_error("thread pool: could not start " + std::to_string(num_threads_) + " threads (" +
+                             std::to_string(started + 1) + " running when thread creation failed: " + e.what() +
+                             "); use fewer threads");
+  }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { stop_workers(); }
+
+void ThreadPool::stop_workers() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
   cv_.notify_all();
   for (auto& t : workers_) t.join();
+  workers_.clear();
 }
 
 void ThreadPool::drain(uint32_t epoch) {

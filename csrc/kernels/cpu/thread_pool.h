@@ -15,6 +15,8 @@ namespace ssd::kernels {
 class ThreadPool {
  public:
   /// num_threads counts the calling thread: 1 means no extra threads.
+  /// Starts num_threads - 1 workers (the caller is the last thread). Throws
+  /// std::runtime_error when one cannot be started, after stopping the others.
   explicit ThreadPool(int64_t num_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -34,6 +36,8 @@ class ThreadPool {
 
  private:
   void worker_loop();
+  /// Sets stop_, wakes the workers and joins them (destructor; a constructor that failed).
+  void stop_workers();
   /// Claims and runs chunks of the job published as `epoch` until none is left.
   void drain(uint32_t epoch);
   /// Waits for workers still running a chunk; true when one was late (see thread_pool.cpp).
