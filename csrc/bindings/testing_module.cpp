@@ -153,6 +153,33 @@ void bind_kernel_pieces(py::module_& m) {
         py::arg("n"), py::arg("grain"), py::arg("threads"), py::arg("jobs"),
         "Runs `jobs` parallel_for calls over [0, n) on one ThreadPool; returns (how often each index was "
         "visited, whether every chunk was non-empty and began on a multiple of grain).");
+  m.def("thread_pool_sharing",
+        [](int64_t threads, int64_t jobs, int64_t work, std::optional<std::vector<int64_t>> others) {
+          // others: a scripted load probe, one reading per call (the last repeats); none: /proc/loadavg.
+          kernels::ThreadPool::LoadProbe probe;
+          size_t next = 0;
+          if (others && !others->empty())
+            probe = [&others, &next](int64_t) { return (*others)[std::min(next++, others->size() - 1)]; };
+          kernels::ThreadPool pool(threads, probe);
+          std::vector<double> sums(64, 0.0);
+          std::vector<int64_t> shared(static_cast<size_t>(jobs));
+          for (int64_t j = 0; j < jobs; ++j) {
+            shared[j] = pool.sharing() ? 1 : 0;
+            pool.parallel_for(64, 1, [&](int64_t begin, int64_t end) {
+              for (int64_t i = begin; i < end; ++i)
+                for (int64_t r = 0; r < work; ++r) sums[i] += 1e-9 * static_cast<double>(r ^ i);
+            });
+          }
+          return shared;
+        },
+        py::arg("threads"), py::arg("jobs"), py::arg("work"), py::arg("others") = py::none(),
+        "Runs `jobs` parallel_for calls of 64 indices x `work` additions on one ThreadPool; returns, per "
+        "job, 1 when the pool shared it with its workers and 0 when the caller ran it alone. others: "
+        "scripted readings of the others' runnable threads (one per look, the last repeats); none: the "
+        "machine's run queue.");
+  m.def("loadavg_runnable", &kernels::loadavg_runnable, py::arg("text"),
+        "The runnable-thread count in /proc/loadavg's text (its fourth field, before the '/'); -1 when "
+        "the text has no such field.");
   m.def("pairs_native", &kernels::pairs_native, "Whether the bf16 pair kernels use AVX512-BF16 instructions.");
   m.def("keyed_uniform", [](uint64_t seed, uint64_t position, uint64_t purpose) {
     return kernels::keyed_uniform(seed, position, static_cast<kernels::RandomPurpose>(purpose));

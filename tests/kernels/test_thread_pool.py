@@ -1,9 +1,12 @@
 """The CPU thread pool (`_C.testing.thread_pool_visits`): every index of every job runs exactly once, in
-non-empty chunks that start on a multiple of the grain, whatever the thread count. The pool's timing
-decisions (a worker late or absent, the caller running jobs alone after one) may change who runs a
-chunk, never whether it runs: more threads than cores and a competing busy process provoke them."""
+non-empty chunks that start on a multiple of the grain, whatever the thread count. The pool's decisions
+(a worker late or absent, the caller running jobs alone while the cores are taken) may change who runs a
+chunk, never whether it runs: more threads than cores and a competing busy process provoke them.
+Whether it shares (`_C.testing.thread_pool_sharing`) follows the machine's run queue."""
+import contextlib
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -25,6 +28,43 @@ def test_every_index_runs_once_beside_a_busy_process():
         for threads in (2, 3):
             counts, aligned = _C.testing.thread_pool_visits(512, 4, threads, 20_000)
             assert aligned and counts == [20_000] * 512, threads
+
+
+def test_the_pool_shares_while_others_fit_beside_it():
+    """Scripted readings of the others' runnable threads (one per look, every 64 jobs), 2 threads on
+    this process's CPUs. The pool of fd72ce8, which stopped sharing after a few late workers on an idle
+    machine, is what the first case guards against; a pool that shares whatever the load fails the second."""
+    cpus = len(usable_cpus())
+    room = cpus - 2  # CPUs left for others while the 2-thread pool shares
+    idle = _C.testing.thread_pool_sharing(2, 4000, 50, [room])
+    assert sum(idle) == len(idle), "a pool with room for the others stopped sharing"
+    crowded = _C.testing.thread_pool_sharing(2, 4000, 50, [room + 1])
+    # The moving average passes +0.5 at the 6th look (1 - (7/8)^6 > 0.5): jobs 384 on run alone.
+    assert crowded[:384] == [1] * 384 and sum(crowded[384:]) == 0, sum(crowded)
+    # Crowded for 20 looks, then free: back to sharing once the average falls under +0.25.
+    back = _C.testing.thread_pool_sharing(2, 4000, 50, [room + 1] * 20 + [room])
+    assert sum(back[384:1280]) == 0 and sum(back[2000:]) == 2000, (sum(back[384:1280]), sum(back[2000:]))
+
+
+def test_the_run_queue_is_read_from_loadavg():
+    assert _C.testing.loadavg_runnable("0.20 0.18 0.12 3/412 1234\n") == 3
+    assert _C.testing.loadavg_runnable("0.20 0.18 0.12 17/412 1234") == 17
+    for bad in ("", "0.20 0.18", "0.20 0.18 0.12 x/412", "0.20 0.18 0.12 3 412", "0.20 0.18 0.12 -3/412"):
+        assert _C.testing.loadavg_runnable(bad) == -1, bad
+    if sys.platform.startswith("linux"):
+        with open("/proc/loadavg") as f:
+            assert _C.testing.loadavg_runnable(f.read()) >= 1  # this thread is running
+
+
+def test_the_pool_runs_jobs_alone_beside_busy_processes():
+    """A busy process on every CPU: the machine's run queue (no script) stops the sharing."""
+    cpus = usable_cpus()
+    with contextlib.ExitStack() as stack:
+        for cpu in cpus:
+            stack.enter_context(busy_process(cpu))
+        time.sleep(0.2)  # the busy processes are running
+        shared = _C.testing.thread_pool_sharing(len(cpus), 5000, 2000)
+    assert sum(shared) < len(shared) / 2, f"{len(cpus)} threads beside {len(cpus)} busy processes shared {sum(shared)} of {len(shared)} jobs"
 
 
 # Each thread's stack (8 MiB by default) is address space: with RLIMIT_AS a
