@@ -104,6 +104,7 @@ SamplingParams sampling_params_from(const py::dict& d) {
   get(d, "max_tokens", p.max_tokens);
   get(d, "stop_token_ids", p.stop_token_ids);
   get(d, "ignore_eos", p.ignore_eos);
+  get(d, "logprobs", p.logprobs);
   if (d.contains("seed") && !d["seed"].is_none()) {
     p.has_seed = true;
     p.seed = d["seed"].cast<uint64_t>();
@@ -311,6 +312,16 @@ void bind_engine(py::module_& m) {
                py::dict d;
                d["id"] = r.id;
                d["tokens"] = r.tokens;
+               if (!r.logprobs.empty()) {
+                 py::list lps;
+                 for (const auto& lp : r.logprobs) {
+                   py::list top;
+                   for (size_t j = 0; j < lp.top_tokens.size(); ++j)
+                     top.append(py::make_tuple(lp.top_tokens[j], lp.top_logprobs[j]));
+                   lps.append(py::make_tuple(lp.logprob, top));
+                 }
+                 d["logprobs"] = lps;
+               }
                d["finished"] = r.finished;
                d["finish_reason"] = r.finished ? py::object(py::str(finish_reason_name(r.finish_reason)))
                                                : py::object(py::none());

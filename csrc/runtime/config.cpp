@@ -88,6 +88,8 @@ void SamplingParams::validate(int64_t vocab_size) const {
   if (top_k < 0) bad("top_k", "must be >= 0 (0 disables it), got " + std::to_string(top_k));
   if (!(top_p > 0 && top_p <= 1)) bad("top_p", "must be in (0, 1], got " + std::to_string(top_p));
   positive("max_tokens", max_tokens);
+  if (logprobs < -1 || logprobs > kMaxLogprobs)
+    bad("logprobs", "must be none or in [0, " + std::to_string(kMaxLogprobs) + "], got " + std::to_string(logprobs));
   for (int32_t id : stop_token_ids) {
     if (id < 0) bad("stop_token_ids", "token ids must be >= 0, got " + std::to_string(id));
     if (vocab_size > 0 && id >= vocab_size)

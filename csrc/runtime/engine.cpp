@@ -288,7 +288,7 @@ class Engine::Impl {
       if (speculator_ && seq->num_computed >= seq->len() - 1) speculator_->prefilled(seq);
       if (!chunks[i].wants_logits) continue;
       try {
-        append_token(seq, sampler_.sample(rows, vocab_, seq->params, seq->seed, seq->len()), responses);
+        append_token(seq, sampler_.sample(rows, vocab_, seq->params, seq->seed, seq->len()), rows, responses);
         ++emitted;
       } catch (const std::exception& e) {
         finish(seq, FinishReason::kError, std::string("sampling failed: ") + e.what(), responses);
@@ -322,7 +322,8 @@ class Engine::Impl {
     for (int64_t i = 0; i <= verdict.accepted && !finished; ++i) {
       const auto token = static_cast<int32_t>(i < verdict.accepted ? proposal.tokens[i] : verdict.bonus);
       ++emitted;
-      finished = append_token(seq, token, responses);
+      // Target row i is the distribution at position start + i.
+      finished = append_token(seq, token, target_rows + i * vocab_, responses);
     }
     add_round_counters(finished ? nullptr : seq, id,
                        runtime::round_counters(proposal, verdict.accepted, emitted, finished), responses);
@@ -344,8 +345,11 @@ class Engine::Impl {
     stats_.spec += d;
   }
 
-  // Appends a token and applies the stop rules; true when the request finished.
-  bool append_token(Sequence* seq, int32_t token, std::vector<Response>& responses) {
+  // Appends a token (drawn from the target's logits `row`) and applies the
+  // stop rules; true when the request finished.
+  bool append_token(Sequence* seq, int32_t token, const float* row, std::vector<Response>& responses) {
+    std::vector<TokenLogprobs> logprobs;
+    if (seq->params.logprobs >= 0) logprobs.push_back(logprobs_.report(row, vocab_, seq->params, token));
     seq->tokens.push_back(token);
     if (seq->generated() == 1) seq->metrics.time_to_first_token = seconds_since(seq->enqueued);
     const auto& p = seq->params;
@@ -355,23 +359,25 @@ class Engine::Impl {
     if ((is_eos && !p.ignore_eos) || is_stop) reason = FinishReason::kStop;
     else if (seq->generated() >= p.max_tokens || seq->len() >= config_.max_model_len) reason = FinishReason::kLength;
     if (reason != FinishReason::kNone) {
-      finish(seq, reason, "", responses, {token});
+      finish(seq, reason, "", responses, {token}, std::move(logprobs));
       return true;
     }
     Response r;
     r.id = seq->id;
     r.tokens = {token};
+    r.logprobs = std::move(logprobs);
     responses.push_back(std::move(r));
     return false;
   }
 
   void finish(Sequence* seq, FinishReason reason, const std::string& error, std::vector<Response>& responses,
-              std::vector<int32_t> tokens = {}) {
+              std::vector<int32_t> tokens = {}, std::vector<TokenLogprobs> logprobs = {}) {
     if (speculator_) speculator_->release(seq, true);
     scheduler_->remove(seq);
     Response r;
     r.id = seq->id;
     r.tokens = std::move(tokens);
+    r.logprobs = std::move(logprobs);
     r.finished = true;
     r.finish_reason = reason;
     r.error = error;
@@ -401,6 +407,7 @@ class Engine::Impl {
   std::unique_ptr<runtime::Scheduler> scheduler_;
   std::unique_ptr<kernels::ThreadPool> pool_;
   runtime::TokenSampler sampler_;
+  runtime::LogprobReporter logprobs_;
   runtime::Verifier verifier_{testing_};
   std::random_device seed_source_;
   std::map<RequestId, std::unique_ptr<Sequence>> live_;  // engine thread only

@@ -80,6 +80,25 @@ int32_t TokenSampler::sample(const float* logits, int64_t vocab, const SamplingP
   return kernels::sample_from_probs(probs_.data(), vocab, u);
 }
 
+TokenLogprobs LogprobReporter::report(const float* logits, int64_t vocab, const SamplingParams& p, int32_t token) {
+  probs_.resize(static_cast<size_t>(vocab));
+  kernels::process_logits(logits, vocab, {p.temperature, p.top_k, p.top_p}, probs_.data(), scratch_);
+  TokenLogprobs out;
+  out.logprob = static_cast<float>(std::log(static_cast<double>(probs_[token])));
+  const int64_t n = std::min<int64_t>(std::max<int64_t>(p.logprobs, 0), vocab);
+  if (n == 0) return out;
+  order_.resize(static_cast<size_t>(vocab));
+  for (int64_t i = 0; i < vocab; ++i) order_[i] = static_cast<int32_t>(i);
+  std::partial_sort(order_.begin(), order_.begin() + n, order_.end(), [&](int32_t a, int32_t b) {
+    return probs_[a] != probs_[b] ? probs_[a] > probs_[b] : a < b;
+  });
+  for (int64_t i = 0; i < n && probs_[order_[i]] > 0.0f; ++i) {
+    out.top_tokens.push_back(order_[i]);
+    out.top_logprobs.push_back(static_cast<float>(std::log(static_cast<double>(probs_[order_[i]]))));
+  }
+  return out;
+}
+
 SpecCounters round_counters(const Proposal& proposal, int64_t accepted, int64_t emitted, bool finished) {
   auto count = static_cast<int64_t>(proposal.tokens.size());
   // The request ended inside the accepted run: the proposals after its last

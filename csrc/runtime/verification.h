@@ -56,6 +56,19 @@ class TokenSampler {
   kernels::LogitsScratch scratch_;
 };
 
+/// The log-probabilities a request asked for (SamplingParams::logprobs) of
+/// the token emitted at a position, from the target's logits row there: the
+/// distribution it was drawn from, through the one logits-processing routine.
+class LogprobReporter {
+ public:
+  TokenLogprobs report(const float* logits, int64_t vocab, const SamplingParams& params, int32_t token);
+
+ private:
+  std::vector<float> probs_;
+  std::vector<int32_t> order_;
+  kernels::LogitsScratch scratch_;
+};
+
 /// The round's counters: one round of `proposal`, `accepted` of its tokens
 /// accepted and `emitted` tokens appended. When the round `finished` the
 /// request inside the accepted run, only the proposals it emitted count.

@@ -140,7 +140,10 @@ class SamplingParams:
     top_p 1 disable those filters. stop: strings that end the request (the
     text is cut before the stop string); stop_token_ids: token ids that end it
     (kept in token_ids). seed keys the request's random streams: the same seed
-    gives the same output whatever else runs in the batch.
+    gives the same output whatever else runs in the batch. logprobs (0-20):
+    report each token's log-probability under the distribution it was drawn
+    from (after temperature, top-k and top-p: exact, the engine's own) and
+    that many of the most likely tokens there (RequestOutput.logprobs).
     """
 
     temperature: float = 1.0
@@ -151,6 +154,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     seed: int | None = None
+    logprobs: int | None = None
 
     def __post_init__(self):
         self.temperature = _number("temperature", self.temperature)
@@ -161,6 +165,8 @@ class SamplingParams:
             self.top_k = 0
         if self.seed is not None:
             self.seed = _integer("seed", self.seed, 0, 2**64 - 1)
+        if self.logprobs is not None:
+            self.logprobs = _integer("logprobs", self.logprobs, 0)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos: must be True or False, got {self.ignore_eos!r}")
         if isinstance(self.stop, str):
@@ -179,4 +185,5 @@ class SamplingParams:
         """The fields the C++ core reads (stop strings are handled in Python)."""
         d = dataclasses.asdict(self)
         d.pop("stop")
+        d["logprobs"] = -1 if self.logprobs is None else self.logprobs
         return d

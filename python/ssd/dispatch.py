@@ -25,11 +25,23 @@ _POLL_S = 0.5
 
 
 @dataclass
+class TokenLogprob:
+    """One token's log-probability under the processed distribution it was drawn from,
+    and the most likely tokens there: [(token id, logprob)], probability desc, id asc
+    (tokens the processing gave probability 0 are not listed)."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass
 class RequestOutput:
     """The result of one request.
 
     finish_reason: "stop", "length", "cancelled" or "error" (then `error` says why).
     metrics: the engine's measurements of the request (ssd.metrics documents them).
+    logprobs: one TokenLogprob per token, when SamplingParams.logprobs asked for them.
     """
 
     index: int
@@ -40,16 +52,19 @@ class RequestOutput:
     finish_reason: str | None = None
     error: str | None = None
     metrics: dict = field(default_factory=dict)
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
 class StreamChunk:
-    """New tokens and the text they completed; the last chunk has finish_reason."""
+    """New tokens and the text they completed; the last chunk has finish_reason.
+    logprobs: one TokenLogprob per token of token_ids, when asked for."""
 
     token_ids: list[int]
     text: str
     finish_reason: str | None = None
     error: str | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 class _Text:
@@ -107,13 +122,14 @@ class RequestHandle:
     """
 
     def __init__(self, rid: int, output: RequestOutput, stop: list[str], tokenizer, dispatcher: ResponseDispatcher,
-                 done_queue: queue.SimpleQueue | None):
+                 done_queue: queue.SimpleQueue | None, listener=None):
         self.id = rid
         self.output = output
         self._text = _Text(tokenizer, stop)
         self._stopped = False  # a stop string ended it; the engine's final response is awaited
         self._chunks: queue.SimpleQueue[StreamChunk] = queue.SimpleQueue()
         self._done_queue = done_queue
+        self._listener = listener
         self._dispatcher = dispatcher
         self.done = threading.Event()
 
@@ -121,34 +137,48 @@ class RequestHandle:
     def _route(self, response: dict) -> bool:
         """Applies one engine response; True when it was the request's last."""
         out, new_tokens = self.output, []
+        reported = response.get("logprobs")
+        new_logprobs = [] if reported is not None else None
         if not self._stopped:
-            for token in response["tokens"]:
+            for i, token in enumerate(response["tokens"]):
                 out.token_ids.append(token)
                 new_tokens.append(token)
+                if reported is not None:
+                    logprob, top = reported[i]
+                    new_logprobs.append(TokenLogprob(token, logprob, [tuple(t) for t in top]))
                 if self._text.add(token):
                     self._stopped = True
                     self._dispatcher.engine.cancel(self.id)
                     break
+        if new_logprobs:
+            out.logprobs = (out.logprobs or []) + new_logprobs
         if not response["finished"]:
             delta = self._text.take(final=False)
             if new_tokens or delta:
-                self._chunks.put(StreamChunk(new_tokens, delta))
+                self._put(StreamChunk(new_tokens, delta, logprobs=new_logprobs))
             return False
         out.metrics.update(response.get("metrics") or {})
         if self._stopped:
             out.metrics["generated_tokens"] = len(out.token_ids)
         self._finish(new_tokens, "stop" if self._stopped else response["finish_reason"],
-                     None if self._stopped else (response["error"] or None))
+                     None if self._stopped else (response["error"] or None), new_logprobs)
         return True
 
-    def _finish(self, new_tokens: list[int], reason: str, error: str | None) -> None:
+    def _finish(self, new_tokens: list[int], reason: str, error: str | None, logprobs=None) -> None:
         self._text.finish(self.output.token_ids, cut=self._stopped)
         self.output.text = self._text.text
         self.output.finish_reason, self.output.error = reason, error
-        self._chunks.put(StreamChunk(new_tokens, self._text.take(final=True), reason, error))
+        self._put(StreamChunk(new_tokens, self._text.take(final=True), reason, error, logprobs))
         self.done.set()
         if self._done_queue is not None:
             self._done_queue.put(self)
+
+    def _put(self, chunk: StreamChunk) -> None:
+        """Queues a chunk for next_chunk(), or hands it to the listener (which must not block)."""
+        if self._listener is not None:
+            self._listener(chunk)
+        else:
+            self._chunks.put(chunk)
 
     # ------------------------------------------------------------- callers
     def next_chunk(self) -> StreamChunk:
@@ -189,10 +219,13 @@ class ResponseDispatcher:
         self._thread = threading.Thread(target=self._run, name="ssd-response-dispatcher", daemon=True)
         self._thread.start()
 
-    def submit(self, requests, done_queue: queue.SimpleQueue | None = None) -> list[RequestHandle]:
+    def submit(self, requests, done_queue: queue.SimpleQueue | None = None, listeners=None) -> list[RequestHandle]:
         """Queues [(index, prompt text or None, token ids, SamplingParams)] at once; returns their handles.
 
         done_queue, when given, receives each handle as its request ends.
+        listeners, when given, has one callable per request: it receives that
+        request's chunks on the reader thread instead of next_chunk() (it
+        must return at once, e.g. hand the chunk to an event loop).
         """
         with self._lock:  # held across enqueue, so no response can arrive before its handle exists
             if self._closing:
@@ -200,9 +233,10 @@ class ResponseDispatcher:
             self.check()
             ids = self.engine.enqueue_batch([(toks, p.core_dict()) for _, _, toks, p in requests])
             handles = []
-            for rid, (index, text, toks, params) in zip(ids, requests):
+            listeners = listeners if listeners is not None else [None] * len(requests)
+            for rid, (index, text, toks, params), listener in zip(ids, requests, listeners):
                 output = RequestOutput(index=index, prompt=text, prompt_token_ids=list(toks))
-                handle = RequestHandle(rid, output, params.stop, self._tokenizer, self, done_queue)
+                handle = RequestHandle(rid, output, params.stop, self._tokenizer, self, done_queue, listener)
                 self._handles[rid] = handle
                 handles.append(handle)
         return handles

@@ -57,6 +57,10 @@ struct SamplingParams {
   bool ignore_eos = false;
   bool has_seed = false;
   uint64_t seed = 0;
+  /// -1: none; 0..kMaxLogprobs: report each token's log-probability under the
+  /// distribution it was drawn from (processed: temperature, top-k, top-p) and
+  /// that many of the most likely tokens there.
+  int64_t logprobs = -1;
 
   /// Throws std::invalid_argument naming the field; vocab_size bounds stop ids.
   void validate(int64_t vocab_size) const;
@@ -106,6 +110,8 @@ struct EngineConfig {
 
 /// Upper bound of target_threads and draft_threads.
 inline constexpr int64_t kMaxThreads = 1024;
+/// Most alternatives SamplingParams::logprobs may ask for (OpenAI's limit).
+inline constexpr int64_t kMaxLogprobs = 20;
 
 /// Bytes of KV cache one token takes in a model (fp32 keys and values).
 int64_t kv_bytes_per_token(const ModelConfig& model);

@@ -84,11 +84,21 @@ struct RequestMetrics {
   }
 };
 
+/// One emitted token's log-probability under the processed distribution it
+/// was drawn from, and the most likely tokens there (probability desc, id
+/// asc; at most SamplingParams::logprobs, none of probability 0).
+struct TokenLogprobs {
+  float logprob = 0.0f;
+  std::vector<int32_t> top_tokens;
+  std::vector<float> top_logprobs;
+};
+
 /// A batch of new tokens for one request; the last response of a request has
 /// finished set and a finish reason (and an error message for kError).
 struct Response {
   RequestId id = 0;
   std::vector<int32_t> tokens;
+  std::vector<TokenLogprobs> logprobs;  ///< one per token when the request asked for logprobs
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   std::string error;
