@@ -3,7 +3,8 @@
 
 A link must be relative, must not leave the repository, and must name a file
 or directory that exists; web addresses are refused too, so the documents
-never point outside the repository. Exits 1 and lists the bad links.
+never point outside the repository (loopback addresses, a server the reader
+runs on their own machine, are allowed). Exits 1 and lists the bad links.
 
     python scripts/check_links.py
 """
@@ -16,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # [text](target) and ![alt](target); the target ends at whitespace or ')'.
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
-WEB = re.compile(r"\b(?:https?|ftp)://\S+")
+WEB = re.compile(r"\b(?:https?|ftp)://(?!(?:127\.0\.0\.1|localhost)[:/])\S+")
 
 
 def documents(root: Path = ROOT) -> list[Path]:

@@ -5,7 +5,7 @@
 """
 from ssd.config import EngineConfig, SamplingParams
 
-__all__ = ["LLM", "EngineConfig", "SamplingParams", "RequestOutput", "StreamChunk"]
+__all__ = ["LLM", "AsyncLLM", "EngineConfig", "SamplingParams", "RequestOutput", "StreamChunk"]
 __version__ = "0.1.0"
 
 
@@ -14,6 +14,10 @@ def __getattr__(name):
         from ssd import llm
 
         return getattr(llm, name)
+    if name == "AsyncLLM":
+        from ssd.async_llm import AsyncLLM
+
+        return AsyncLLM
     if name == "models":
         import importlib
 

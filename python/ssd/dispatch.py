@@ -151,7 +151,9 @@ class RequestHandle:
                     self._dispatcher.engine.cancel(self.id)
                     break
         if new_logprobs:
-            out.logprobs = (out.logprobs or []) + new_logprobs
+            if out.logprobs is None:
+                out.logprobs = []
+            out.logprobs.extend(new_logprobs)
         if not response["finished"]:
             delta = self._text.take(final=False)
             if new_tokens or delta:

@@ -222,12 +222,14 @@ class LLM:
         messages: one conversation (a list of {"role", "content"} dicts) ->
         one RequestOutput; a list of conversations -> a list of them.
         """
-        tok = self.model.require_tokenizer()
         single = bool(messages) and isinstance(messages[0], dict)
         conversations = [messages] if single else list(messages)
-        prompts = [tok.apply_chat_template(conv, add_generation_prompt=True) for conv in conversations]
-        outputs = self.generate(prompts, params)
+        outputs = self.generate([self.chat_prompt(conv) for conv in conversations], params)
         return outputs[0] if single else outputs
+
+    def chat_prompt(self, messages) -> str:
+        """One conversation rendered by the model's chat template, as chat() sends it."""
+        return self.model.require_tokenizer().apply_chat_template(messages, add_generation_prompt=True)
 
     def cancel_all(self) -> None:
         """Cancels every request in flight (they end with finish_reason "cancelled")."""

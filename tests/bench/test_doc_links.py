@@ -25,8 +25,10 @@ def test_the_checker_finds_bad_links(tmp_path):
     (tmp_path / "there.md").write_text("x")
     doc = tmp_path / "docs" / "d.md"
     doc.write_text("[ok](../there.md) [anchor](#top) [gone](missing.md)\n"
-                   "![out](../../elsewhere.png) see https://example.com [abs](/etc/passwd)\n")
+                   "![out](../../elsewhere.png) see https://example.com [abs](/etc/passwd)\n"
+                   "curl http://127.0.0.1:8000/v1/models http://localhost/x http://127.0.0.1.example.com/\n")
     problems = check.bad_links(doc, tmp_path)
     assert [p.split(": ", 1)[1] for p in problems] == [
         "missing.md (no such file)", "https://example.com (a web address)",
-        "../../elsewhere.png (outside the repository)", "/etc/passwd (absolute path)"]
+        "../../elsewhere.png (outside the repository)", "/etc/passwd (absolute path)",
+        "http://127.0.0.1.example.com/ (a web address)"]

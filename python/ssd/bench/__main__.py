@@ -20,6 +20,8 @@ SUBCOMMANDS = {
                "batch-1 decode tok/s of ssd beside transformers on SmolLM2-135M, and the memory-bandwidth bound"),
     "contention": ("ssd.bench.contention", "[--runs N] [--json FILE]",
                    "batch-1 bf16 decode tok/s on 1 and 2 threads, alone and beside a competing busy process"),
+    "serve": ("ssd.bench.serve", "[--url URL | --modes ar,sd,ssd] [--rates R,...] [--json FILE] [--plot FILE]",
+              "TTFT, inter-token latency and output tok/s of ssd serve under Poisson request rates"),
     "fallback": ("ssd.bench.fallback", "--auto FILE [--json FILE] [--plot FILE]",
                  "ssd with the neural and the fast cache-miss fallback forced, beside a default run's auto"),
 }
