@@ -40,10 +40,10 @@ class ThreadPool {
   /// Runs fn(begin, end) over [0, n) split into contiguous chunks whose sizes
   /// are multiples of `grain` (except the last). Blocks until all are done.
   /// Chunks (several per thread) are claimed dynamically, so the caller
-  /// finishes the job alone when a worker is not scheduled; when sharing the
-  /// jobs has stopped paying (the cores are oversubscribed) the caller runs
-  /// whole jobs alone for a while (see thread_pool.cpp). The split never
-  /// changes what an index computes.
+  /// finishes the job alone when a worker is not scheduled; while the
+  /// machine's run queue shows the cores taken by others, the caller runs
+  /// whole jobs alone (see thread_pool.cpp). The split never changes what an
+  /// index computes.
   /// Not reentrant: one caller thread at a time.
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 

@@ -22,7 +22,6 @@ import asyncio
 import json
 import math
 import random
-import statistics
 import sys
 import time
 from pathlib import Path

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 import uuid
 
@@ -165,8 +166,7 @@ class _Call:
         return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": self.completion_tokens,
                 "total_tokens": len(self.prompt_ids) + self.completion_tokens}
 
-    def _envelope(self, choices: list, **extra) -> dict:
-        obj = ("chat.completion" if self.chat else "text_completion")
+    def _envelope(self, choices: list, obj: str, **extra) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.state.model_name,
                 "choices": choices, **extra}
 
@@ -219,7 +219,8 @@ class _Call:
         else:
             choices = [{"index": i, "text": t, "logprobs": lp, "finish_reason": r}
                        for i, (t, r, lp) in enumerate(zip(texts, reasons, lps))]
-        return JSONResponse(self._envelope(choices, usage=self.usage()))
+        obj = "chat.completion" if self.chat else "text_completion"
+        return JSONResponse(self._envelope(choices, obj, usage=self.usage()))
 
     def stream(self) -> StreamingResponse:
         return _Stream(self, self._events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -228,8 +229,7 @@ class _Call:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
 
         def event(choices, **extra) -> str:
-            body = {"id": self.id, "object": obj, "created": self.created, "model": self.state.model_name,
-                    "choices": choices, **extra}
+            body = self._envelope(choices, obj, **extra)
             if self.include_usage and "usage" not in body:
                 body["usage"] = None
             return f"data: {_json(body)}\n\n"
@@ -274,8 +274,6 @@ class _Stream(StreamingResponse):
 
 
 def _json(obj) -> str:
-    import json
-
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
