@@ -124,5 +124,22 @@ def test_cuda_matches_cpu_exactly(batch, k, vocab, fanout, max_fanout, kind):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_cuda_nan_ranks_below_every_number(sign):
+    """NaN scores past the first F ids never enter the CPU's heap; the GPU ranks a
+    NaN of either sign below -inf, so both pick the same candidates."""
+    probs, drafted = make_case(4, 2, 3000, "normal", seed=9)
+    nan = torch.tensor(float("nan")).copysign(torch.tensor(sign))
+    probs[:, :, 100::7] = nan
+    probs[:, :, 50] = float("-inf")
+    fanout = torch.tensor([16, 4, 40], dtype=torch.int64)
+    cand, counts = OP(probs, drafted, fanout, 40)
+    cand_gpu, counts_gpu = OP(probs.cuda(), drafted.cuda(), fanout.cuda(), 40)
+    assert not probs.gather(2, cand.clamp(min=0)).isnan().any()
+    assert torch.equal(counts_gpu.cpu(), counts)
+    assert torch.equal(cand_gpu.cpu(), cand)
+
+
+@pytest.mark.cuda
 def test_cuda_opcheck():
     torch.library.opcheck(OP.default, [a.cuda() if isinstance(a, torch.Tensor) else a for a in small_args()])

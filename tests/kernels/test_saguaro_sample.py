@@ -171,6 +171,44 @@ def test_cuda_matches_cpu(vocab, kind):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("kind", ["normal", "peaked", "ties", "bf16"])
+def test_cuda_top_p_cut_matches_cpu(kind):
+    """The top-p radix select keeps exactly the CPU's set over a sweep of top_p,
+    alone and under top-k; bf16-rounded logits tie many tokens in the bulk."""
+    top_ps = [1e-9, 0.05, 0.2, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999]
+    settings = [(t, k, p, 0, 1.0) for p in top_ps for t, k in [(1.0, 0), (0.6, 0), (1.0, 1000)]]
+    logits = make_logits(len(settings), 151936, "normal" if kind == "bf16" else kind, seed=21)
+    if kind == "bf16":
+        logits = (logits * 3).bfloat16().float()
+    _, probs_cpu, uniforms = run(logits, settings)
+    _, probs_gpu, _ = run(logits.cuda(), settings, uniforms)
+    assert torch.equal(probs_gpu.cpu() > 0, probs_cpu > 0)
+
+
+@pytest.mark.cuda
+def test_cuda_nan_logits_match_cpu():
+    """NaN logits (either sign): greedy rows are kernels::argmax exactly (a NaN is
+    never taken, but one at id 0 keeps id 0); a NaN in a row without top-k/top-p
+    makes every probability NaN and the draw the last token, on both."""
+    vocab = 4099
+    logits = make_logits(5, vocab, "normal", seed=11)
+    neg_nan = torch.tensor([-4194304], dtype=torch.int32).view(torch.float32)  # 0xffc00000
+    logits[0, [5, 77, 4000]] = float("nan")
+    logits[1, 0] = float("nan")
+    logits[2, [3, 9]] = float("nan")
+    logits[3, [3, 9]] = neg_nan
+    logits[4, 100] = neg_nan
+    settings = [(0.0, 0, 1.0, 0, 1.0), (0.0, 0, 1.0, 0, 1.0), (1.0, 0, 1.0, 4, 0.5), (0.0, 0, 1.0, 0, 1.0),
+                (0.0, 0, 1.0, 0, 1.0)]
+    tok_cpu, probs_cpu, uniforms = run(logits, settings)
+    tok_gpu, probs_gpu, _ = run(logits.cuda(), settings, uniforms)
+    assert tok_cpu[1] == 0 and tok_cpu[2] == vocab - 1 and probs_cpu[2].isnan().all()
+    assert torch.equal(tok_gpu.cpu(), tok_cpu)
+    assert torch.equal(probs_gpu.cpu().isnan(), probs_cpu.isnan())
+    assert torch.equal(probs_gpu.cpu().nan_to_num(), probs_cpu.nan_to_num())
+
+
+@pytest.mark.cuda
 def test_cuda_opcheck_and_determinism():
     args = [a.cuda() for a in small_args()]
     torch.library.opcheck(OP.default, args)

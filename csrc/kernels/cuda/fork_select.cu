@@ -58,7 +58,7 @@ __device__ uint64_t write_slice(int64_t vocab, int64_t first, int64_t last, uint
   return lower;
 }
 
-__global__ void fork_select_kernel(ForkSelectParams p) {
+__global__ void __launch_bounds__(kThreads) fork_select_kernel(ForkSelectParams p) {
   const int64_t row = blockIdx.x;
   const int64_t b = row / p.positions;
   const int64_t j = row % p.positions;

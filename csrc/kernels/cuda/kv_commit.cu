@@ -44,7 +44,7 @@ __device__ KvCommitError check_index(const ::ssd::kernels::KvCommitParams& p, in
   return KvCommitError::kNone;
 }
 
-__global__ void validate_kernel(KvCommitParams p) {
+__global__ void __launch_bounds__(kValidateThreads) validate_kernel(KvCommitParams p) {
   __shared__ unsigned long long first_bad;
   if (threadIdx.x == 0) first_bad = kNoError;
   __syncthreads();
@@ -82,8 +82,8 @@ struct RowSet {
 
 // grid: (n, layers * 2).
 template <typename Unit>
-__global__ void copy_rows_kernel(RowSet<char> to, RowSet<const char> from, int64_t units_per_row,
-                                 const int64_t* status) {
+__global__ void __launch_bounds__(kCopyThreads)
+    copy_rows_kernel(RowSet<char> to, RowSet<const char> from, int64_t units_per_row, const int64_t* status) {
   if (status[0] != static_cast<int64_t>(KvCommitError::kNone)) return;
   const int64_t i = blockIdx.x;
   const int64_t layer = blockIdx.y / 2;

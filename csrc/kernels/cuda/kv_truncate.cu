@@ -60,7 +60,16 @@ __device__ void add_to_released(const Table& p, int64_t entries, int32_t delta) 
     if (const int32_t* e = released_entry(p, k)) atomicAdd(p.block_refcount + *e, delta);
 }
 
-__global__ void kv_truncate_kernel(KvTruncateParams params) {
+// Every thread's verdict of a phase. first_bad is read, then a barrier, before
+// any thread can start the next phase's atomicMin on it.
+__device__ unsigned long long phase_verdict(const unsigned long long& first_bad) {
+  __syncthreads();
+  const unsigned long long bad = first_bad;
+  __syncthreads();
+  return bad;
+}
+
+__global__ void __launch_bounds__(kThreads) kv_truncate_kernel(KvTruncateParams params) {
   __shared__ unsigned long long first_bad;
   const Table& p = params.table;
   const int64_t entries = p.n * p.max_blocks;
@@ -70,10 +79,9 @@ __global__ void kv_truncate_kernel(KvTruncateParams params) {
   for (int64_t i = threadIdx.x; i < p.n; i += blockDim.x)
     if (check_sequence(p, i, &value, &detail) != KvTruncateError::kNone)
       atomicMin(&first_bad, static_cast<unsigned long long>(i));
-  __syncthreads();
-  if (first_bad != kNoError) {
+  if (const unsigned long long bad = phase_verdict(first_bad); bad != kNoError) {
     if (threadIdx.x == 0) {
-      const auto i = static_cast<int64_t>(first_bad);
+      const auto i = static_cast<int64_t>(bad);
       const KvTruncateError error = check_sequence(p, i, &value, &detail);
       write_status(params.status, error, i, value, detail);
     }
@@ -82,10 +90,9 @@ __global__ void kv_truncate_kernel(KvTruncateParams params) {
   for (int64_t k = threadIdx.x; k < entries; k += blockDim.x)
     if (const int32_t* e = released_entry(p, k); e && (*e < 0 || *e >= p.num_blocks))
       atomicMin(&first_bad, static_cast<unsigned long long>(k));
-  __syncthreads();
-  if (first_bad != kNoError) {
+  if (const unsigned long long bad = phase_verdict(first_bad); bad != kNoError) {
     if (threadIdx.x == 0) {
-      const auto k = static_cast<int64_t>(first_bad);
+      const auto k = static_cast<int64_t>(bad);
       write_status(params.status, KvTruncateError::kBadBlock, k / p.max_blocks, *released_entry(p, k),
                    p.num_blocks);
     }
@@ -97,11 +104,10 @@ __global__ void kv_truncate_kernel(KvTruncateParams params) {
   for (int64_t k = threadIdx.x; k < entries; k += blockDim.x)
     if (const int32_t* e = released_entry(p, k); e && atomicAdd(p.block_refcount + *e, 0) < 0)
       atomicMin(&first_bad, static_cast<unsigned long long>(k));
-  __syncthreads();
-  if (first_bad != kNoError) {
+  if (const unsigned long long bad = phase_verdict(first_bad); bad != kNoError) {
     add_to_released(p, entries, +1);
     if (threadIdx.x == 0) {
-      const auto k = static_cast<int64_t>(first_bad);
+      const auto k = static_cast<int64_t>(bad);
       write_status(params.status, KvTruncateError::kRefcountUnderflow, k / p.max_blocks,
                    *released_entry(p, k), 0);
     }

@@ -1,16 +1,19 @@
 // SAGUARO sampling on NVIDIA GPUs: one block per row, no sort. Every cut is
 // a threshold on the unique rank key (z = logit / T desc, id asc):
 //  - top-k and top_F: radix select on counts (exact);
-//  - top-p: bisection over the key for the shortest rank prefix whose mass
-//    reaches top_p * total, first over the value, then over ids inside a
-//    tied value.
-// The kept sets are the CPU's; masses are fixed-order double sums, so they
-// differ from the CPU's sequential sums in the last bits only (a top-p cut
-// can differ only where the cumulative mass is within that rounding of
-// top_p * total).
+//  - top-p: a radix select on the mass, 4-bit digits over the float word (8
+//    passes, per-digit masses summed in a fixed order), for the value at which
+//    the rank-ordered mass reaches top_p * total, then one counting pass for
+//    the crossing token among the tokens tied at that value.
+// The kept sets are the CPU's; masses are the CPU's per token, exp(double(z)
+// - double(max_z)), but summed in a fixed parallel order rather than the
+// CPU's sequential one, so sums differ in the last bits only (a top-p cut can
+// differ only where the cumulative mass is within that rounding of
+// top_p * total). NaN logits rank below every number (rank_select.cuh).
 #include <climits>
 
 #include "rank_select.cuh"
+#include "mass_digits.cuh"
 #include "saguaro_sample.h"
 
 namespace ssd::kernels::cuda {
@@ -27,8 +30,21 @@ struct Row {
   // The CPU divides by float(temperature) too; __fdiv_rn keeps IEEE division.
   __device__ float z(int64_t i) const { return __fdiv_rn(logits[i], temperature); }
   __device__ uint64_t key(int64_t i) const { return rank_key(z(i), i); }
-  // exp in double of the float difference, as process_logits computes it.
-  __device__ double weight(int64_t i, float max_z) const { return exp(static_cast<double>(z(i) - max_z)); }
+  // process_logits' std::exp(static_cast<double>(z) - max_z), max_z a double holding a float.
+  __device__ static double mass(float z, float max_z) {
+    return exp(static_cast<double>(z) - static_cast<double>(max_z));
+  }
+  __device__ double weight(int64_t i, float max_z) const { return mass(z(i), max_z); }
+};
+
+// Every token is a candidate (one type, so rank_threshold's shared memory is
+// allocated once per kernel).
+struct AnyKey {
+  const Row* row;
+  __device__ bool operator()(int64_t i, uint64_t& key) const {
+    key = row->key(i);
+    return true;
+  }
 };
 
 template <typename F>
@@ -50,29 +66,122 @@ __device__ double mass_from(const Row& row, uint64_t theta, float max_z) {
   return block_sum(row.vocab, [&](int64_t i) { return row.key(i) >= theta ? row.weight(i, max_z) : 0.0; });
 }
 
-// Threshold of the shortest rank prefix of {key >= kept} with mass >= target.
-__device__ uint64_t top_p_cut(const Row& row, uint64_t kept, float max_z, double top_p) {
-  const double target = top_p * mass_from(row, kept, max_z);
-  auto reaches = [&](uint64_t theta) { return mass_from(row, max(theta, kept), max_z) >= target; };
-  uint32_t value = 0;
-  for (int bit = 31; bit >= 0; --bit) {
-    const uint32_t candidate = value | (1u << bit);
-    if (reaches(static_cast<uint64_t>(candidate) << 32)) value = candidate;
+// Exclusive prefix sum over threads in a fixed order; *total gets the sum.
+template <typename T>
+__device__ T block_exclusive_scan(T v, T* total) {
+  __shared__ T warp_sums[32];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  T inclusive = v;
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const T up = __shfl_up_sync(0xffffffffu, inclusive, offset);
+    if (lane >= offset) inclusive += up;
   }
-  const uint64_t whole_value = static_cast<uint64_t>(value) << 32;
-  const int64_t tied = block_count(row.vocab, [&](int64_t i) {
+  T exclusive = __shfl_up_sync(0xffffffffu, inclusive, 1);
+  if (lane == 0) exclusive = T(0);
+  if (lane == 31) warp_sums[warp] = inclusive;
+  __syncthreads();
+  T before = T(0);
+  for (int w = 0; w < warp; ++w) before += warp_sums[w];
+  T all = T(0);
+  for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) all += warp_sums[w];
+  *total = all;
+  __syncthreads();
+  return before + exclusive;
+}
+
+// Contiguous id segment of this thread, so that segments in thread order are
+// id order.
+struct Segment {
+  int64_t begin;
+  int64_t end;
+  __device__ explicit Segment(int64_t n) {
+    const int64_t len = (n + blockDim.x - 1) / blockDim.x;
+    begin = min(n, len * threadIdx.x);
+    end = min(n, begin + len);
+  }
+};
+
+// Id of the m-th (m >= 1) token in id order with float word `value` and key >=
+// kept, or of the last such token if there are fewer; -1 if there is none.
+__device__ int64_t nth_tie(const Row& row, uint32_t value, uint64_t kept, int64_t m) {
+  __shared__ int64_t found;
+  const Segment seg(row.vocab);
+  auto tied = [&](int64_t i) {
     const uint64_t key = row.key(i);
-    return key >= kept && (key >> 32) == value;
-  });
-  if (tied <= 1) return max(whole_value, kept);
-  int64_t lo = 0;
-  int64_t hi = row.vocab - 1;
-  while (lo < hi) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    if (reaches(cut_key(value, mid))) hi = mid;
-    else lo = mid + 1;
+    return (key >> 32) == value && key >= kept;
+  };
+  int64_t count = 0;
+  for (int64_t i = seg.begin; i < seg.end; ++i) count += tied(i) ? 1 : 0;
+  if (threadIdx.x == 0) found = -1;
+  int64_t all;
+  const int64_t before = block_exclusive_scan(count, &all);
+  const int64_t wanted = min(m, all);
+  if (before < wanted && wanted <= before + count) {
+    int64_t seen = before;
+    for (int64_t i = seg.begin; i < seg.end; ++i)
+      if (tied(i) && ++seen == wanted) {
+        found = i;
+        break;
+      }
   }
-  return max(cut_key(value, lo), kept);
+  __syncthreads();
+  const int64_t id = found;
+  __syncthreads();
+  return id;
+}
+
+constexpr int kDigitBits = kMassDigitBits;
+constexpr int kBins = kMassBins;
+
+// Threshold of the shortest rank prefix of {key >= kept} whose mass reaches
+// top_p of the mass of {key >= kept}: 8 digit passes over the float word, each
+// summing the bucket's masses per digit in a fixed order (per-thread
+// registers, warp butterflies, warps in order), then the crossing token among
+// the tokens tied at the chosen value, which all have the same mass.
+__device__ uint64_t top_p_cut(const Row& row, uint64_t kept, float max_z, double top_p) {
+  __shared__ double partial[32][kBins];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int warps = static_cast<int>(blockDim.x >> 5);
+  const double target = top_p * block_sum(row.vocab, [&](int64_t i) {
+    return row.key(i) >= kept ? row.weight(i, max_z) : 0.0;
+  });
+  uint32_t value = 0;
+  double above = 0.0;
+  for (int shift = 32 - kDigitBits; shift >= 0; shift -= kDigitBits) {
+    const uint64_t high = static_cast<uint64_t>(value) >> (shift + kDigitBits);
+    double acc[kBins] = {};
+    for (int64_t i = threadIdx.x; i < row.vocab; i += blockDim.x) {
+      const float z = row.z(i);
+      const uint64_t key = rank_key(z, i);
+      if (((key >> 32) >> (shift + kDigitBits)) != high || key < kept) continue;
+      const double w = Row::mass(z, max_z);
+      const uint32_t digit = static_cast<uint32_t>(key >> (32 + shift)) & (kBins - 1);
+      // Unrolled with a select so acc stays in registers.
+#pragma unroll
+      for (int d = 0; d < kBins; ++d) acc[d] += digit == static_cast<uint32_t>(d) ? w : 0.0;
+    }
+#pragma unroll
+    for (int d = 0; d < kBins; ++d)
+      for (int offset = 16; offset > 0; offset >>= 1) acc[d] += __shfl_xor_sync(0xffffffffu, acc[d], offset);
+    if (lane == 0)
+      for (int d = 0; d < kBins; ++d) partial[warp][d] = acc[d];
+    __syncthreads();
+    double bins[kBins];
+    for (int d = 0; d < kBins; ++d) {
+      bins[d] = partial[0][d];
+      for (int w = 1; w < warps; ++w) bins[d] += partial[w][d];
+    }
+    __syncthreads();
+    value |= static_cast<uint32_t>(choose_digit(bins, above, target)) << shift;
+  }
+  // The tied tokens rank by id; m of them close the prefix.
+  const double m = ceil((target - above) / Row::mass(key_float(value), max_z));
+  const int64_t nth = !(m >= 1.0) ? 1 : (m > 0x1p62 ? int64_t{1} << 62 : static_cast<int64_t>(m));
+  const int64_t id = nth_tie(row, value, kept, nth);
+  if (id < 0) return kept;
+  return max(cut_key(value, id), kept);
 }
 
 // probs <- the processed distribution (temperature > 0): temperature, top-k,
@@ -81,12 +190,8 @@ __device__ void process_row(const Row& row, int64_t top_k, double top_p) {
   float local_max = -INFINITY;
   for (int64_t i = threadIdx.x; i < row.vocab; i += blockDim.x) local_max = fmaxf(local_max, row.z(i));
   const float max_z = block_reduce(local_max, -INFINITY, Max{});
-  auto any_key = [&](int64_t i, uint64_t& key) {
-    key = row.key(i);
-    return true;
-  };
   uint64_t kept = 0;
-  if (top_k > 0 && top_k < row.vocab) kept = rank_threshold(row.vocab, top_k - 1, any_key);
+  if (top_k > 0 && top_k < row.vocab) kept = rank_threshold(row.vocab, top_k - 1, AnyKey{&row});
   if (top_p < 1.0) kept = top_p_cut(row, kept, max_z, top_p);
   const double total = mass_from(row, kept, max_z);
   for (int64_t i = threadIdx.x; i < row.vocab; i += blockDim.x)
@@ -98,11 +203,9 @@ __device__ void process_row(const Row& row, int64_t top_k, double top_p) {
 __device__ void downweight_row(const Row& row, int64_t fanout, double c) {
   const int64_t support = block_count(row.vocab, [&](int64_t i) { return row.probs[i] > 0.0f; });
   if (support <= fanout) return;
-  auto any_key = [&](int64_t i, uint64_t& key) {
-    key = row.key(i);
-    return true;
-  };
-  const uint64_t top = rank_threshold(row.vocab, fanout - 1, any_key);
+  // The support is a rank prefix (p is monotone in z, NaN never has p > 0),
+  // so its F best are the row's F best.
+  const uint64_t top = rank_threshold(row.vocab, fanout - 1, AnyKey{&row});
   const double top_mass = block_sum(row.vocab, [&](int64_t i) { return row.key(i) >= top ? row.probs[i] : 0.0; });
   const double rest_mass = block_sum(row.vocab, [&](int64_t i) { return row.key(i) < top ? row.probs[i] : 0.0; });
   const double norm = c * top_mass + rest_mass;
@@ -110,29 +213,6 @@ __device__ void downweight_row(const Row& row, int64_t fanout, double c) {
     const double mass = row.key(i) >= top ? c * row.probs[i] : static_cast<double>(row.probs[i]);
     row.probs[i] = static_cast<float>(mass / norm);
   }
-}
-
-// Exclusive prefix sum over threads in a fixed order; *total gets the sum.
-__device__ double block_exclusive_scan(double v, double* total) {
-  __shared__ double warp_sums[32];
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  double inclusive = v;
-  for (int offset = 1; offset < 32; offset <<= 1) {
-    const double up = __shfl_up_sync(0xffffffffu, inclusive, offset);
-    if (lane >= offset) inclusive += up;
-  }
-  double exclusive = __shfl_up_sync(0xffffffffu, inclusive, 1);
-  if (lane == 0) exclusive = 0.0;
-  if (lane == 31) warp_sums[warp] = inclusive;
-  __syncthreads();
-  double before = 0.0;
-  for (int w = 0; w < warp; ++w) before += warp_sums[w];
-  double all = 0.0;
-  for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) all += warp_sums[w];
-  *total = all;
-  __syncthreads();
-  return before + exclusive;
 }
 
 // Inverse-CDF draw in token-id order. Each thread owns a contiguous segment:
@@ -154,7 +234,8 @@ __device__ int64_t inverse_cdf(const float* probs, int64_t vocab, double u) {
   const double left = u * total - before;
   const bool holds = last_nonzero >= 0 && seg_mass > left;
   const int owner = block_reduce(holds ? static_cast<int>(threadIdx.x) : INT_MAX, INT_MAX, Min{});
-  if (owner == INT_MAX) return block_reduce(last_nonzero, int64_t{-1}, Max{});
+  // Like sample_from_probs: the last token with mass, else token 0.
+  if (owner == INT_MAX) return max(block_reduce(last_nonzero, int64_t{-1}, Max{}), int64_t{0});
   __shared__ int64_t token;
   if (static_cast<int>(threadIdx.x) == owner) {
     double cum = 0.0;
@@ -171,16 +252,19 @@ __device__ int64_t inverse_cdf(const float* probs, int64_t vocab, double u) {
   return token;
 }
 
-// Temperature 0: one-hot at the argmax, ties to the lowest id.
+// Temperature 0: one-hot at kernels::argmax: the lowest id of the largest
+// value, NaN never taken, except that its scan (x[i] > x[best] from best = 0)
+// stays at 0 when logits[0] is NaN.
 __device__ int64_t greedy_row(const float* logits, float* probs, int64_t vocab) {
   uint64_t best = 0;
   for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) best = max(best, rank_key(logits[i], i));
-  const int64_t token = id_of_key(block_reduce(best, uint64_t{0}, Max{}));
+  const uint64_t top = block_reduce(best, uint64_t{0}, Max{});
+  const int64_t token = isnan(logits[0]) ? 0 : id_of_key(top);
   for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) probs[i] = i == token ? 1.0f : 0.0f;
   return token;
 }
 
-__global__ void saguaro_sample_kernel(SaguaroSampleParams p) {
+__global__ void __launch_bounds__(kThreads) saguaro_sample_kernel(SaguaroSampleParams p) {
   const int64_t r = blockIdx.x;
   const float* logits = p.logits + r * p.vocab;
   float* probs = p.probs + r * p.vocab;

@@ -19,6 +19,7 @@
 // exp is within 1 ulp of glibc's. Results can differ only where the top-p mass
 // or a uniform lands within ~1e-15 (relative) of a boundary.
 #include "verify.h"
+#include "mass_digits.cuh"
 
 namespace ssd::kernels::cuda {
 
@@ -26,8 +27,8 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kDigitBits = 4;
-constexpr int kBins = 1 << kDigitBits;
+constexpr int kDigitBits = kMassDigitBits;
+constexpr int kBins = kMassBins;
 constexpr unsigned kFullMask = 0xffffffffu;
 
 struct PositionSummary {
@@ -38,8 +39,10 @@ struct PositionSummary {
   int32_t accept;  // the proposal at this position is accepted
 };
 
-// Unsigned word ordered like the float; -0 maps like +0 since they compare equal.
+// Unsigned word ordered like the float; -0 maps like +0 since they compare
+// equal. NaN maps to 0, below -inf, as in rank_select.cuh's float_key.
 __device__ __forceinline__ uint32_t float_order(float f) {
+  if (f != f) return 0u;
   const uint32_t u = __float_as_uint(f == 0.0f ? 0.0f : f);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
@@ -61,7 +64,8 @@ struct Row {
   float max_z;
 
   __device__ float z(int64_t v) const { return logits[v] / temperature; }
-  __device__ double mass(float z) const { return exp(static_cast<double>(z - max_z)); }
+  // process_logits' std::exp(static_cast<double>(z) - max_z), max_z a double holding a float.
+  __device__ double mass(float z) const { return exp(static_cast<double>(z) - static_cast<double>(max_z)); }
 };
 
 // p_v of the processed distribution, rounded to float as process_logits stores it.
@@ -76,7 +80,8 @@ struct TargetProbs {
   }
 };
 
-// max(p_v - q_v, 0) in float; q_row == nullptr is the point mass on x.
+// std::max(p_v - q_v, 0.0f) in float (a NaN stays NaN, as there); q_row ==
+// nullptr is the point mass on x.
 struct ResidualProbs {
   TargetProbs p;
   const float* q_row;
@@ -85,7 +90,7 @@ struct ResidualProbs {
   __device__ float operator()(int64_t v) const {
     const float q = q_row != nullptr ? q_row[v] : (v == x ? 1.0f : 0.0f);
     const float r = p(v) - q;
-    return r > 0.0f ? r : 0.0f;
+    return r < 0.0f ? 0.0f : r;
   }
 };
 
@@ -175,21 +180,25 @@ __device__ void segment_bounds(T value, T* bounds) {
   __syncthreads();
 }
 
-// Token drawn by inverse CDF in id order over probs(v) >= 0 with u in [0, 1),
-// like kernels::sample_from_probs; -1 if there is no mass at all.
+// Token drawn by inverse CDF in id order over probs(v) with u in [0, 1), like
+// kernels::sample_from_probs: entries <= 0 are skipped (a NaN is not, and
+// makes every comparison fail), and when no token is hit it is the last one
+// not skipped, else 0. With need_positive, -1 when no entry is > 0 (residual_draw's
+// has_mass test).
 template <typename Probs>
-__device__ int64_t inverse_cdf(const Probs& probs, int64_t vocab, double u) {
+__device__ int64_t inverse_cdf(const Probs& probs, int64_t vocab, double u, bool need_positive) {
   __shared__ double bounds[kThreads + 1];
   __shared__ int64_t found;
   const Segment seg(vocab);
   double sum = 0.0;
   int64_t last = -1;
+  int64_t positive = 0;
   for (int64_t v = seg.begin; v < seg.end; ++v) {
     const float pv = probs(v);
-    if (pv > 0.0f) {
-      sum += pv;
-      last = v;
-    }
+    if (pv <= 0.0f) continue;
+    sum += pv;
+    last = v;
+    positive |= pv > 0.0f ? 1 : 0;
   }
   if (threadIdx.x == 0) found = -1;
   segment_bounds(sum, bounds);
@@ -197,7 +206,7 @@ __device__ int64_t inverse_cdf(const Probs& probs, int64_t vocab, double u) {
   const double lo = bounds[threadIdx.x];
   const double hi = bounds[threadIdx.x + 1];
   __syncthreads();
-  if (!(total > 0.0)) return -1;
+  if (need_positive && block_reduce(positive, MaxI64{}) == 0) return -1;
   const double target = u * total;
   if (lo <= target && target < hi) {
     // The walk re-sums in its own order, so it may end just short: keep the segment's last token.
@@ -217,8 +226,9 @@ __device__ int64_t inverse_cdf(const Probs& probs, int64_t vocab, double u) {
   __syncthreads();
   const int64_t hit = found;
   __syncthreads();
-  // Only rounding can push u * total to the total itself: take the last token with mass.
-  return hit >= 0 ? hit : block_reduce(last, MaxI64{});
+  // Only rounding (or a NaN) can push u * total to the total itself: take the
+  // last token with mass.
+  return hit >= 0 ? hit : max(block_reduce(last, MaxI64{}), int64_t{0});
 }
 
 // Id of the m-th token (in id order) whose float word is `order` and whose rank
@@ -253,24 +263,6 @@ __device__ int64_t nth_tie(const Row& row, uint32_t order, uint64_t prev, int64_
   const int64_t id = found;
   __syncthreads();
   return id;
-}
-
-// Highest digit whose bin lets the weight reach target; when rounding leaves
-// the target out of reach, the lowest non-empty digit (keep everything).
-// `above` is the weight ranking above the bins and is advanced past the
-// digits skipped.
-__device__ int choose_digit(const double* bins, double& above, double target) {
-  int lowest = 0;
-  double above_lowest = above;
-  for (int d = kBins - 1; d >= 0; --d) {
-    if (!(bins[d] > 0.0)) continue;
-    if (above + bins[d] >= target) return d;
-    lowest = d;
-    above_lowest = above;
-    above += bins[d];
-  }
-  above = above_lowest;
-  return lowest;
 }
 
 // Among candidates (rank key >= prev), the rank key of the first token in rank
@@ -312,7 +304,7 @@ __device__ uint64_t select_cut(const Row& row, uint64_t prev, double target) {
   // Tokens sharing the crossing float have equal weight; they rank by id.
   const double w = kMass ? row.mass(order_float(prefix)) : 1.0;
   const double m = ceil((target - above) / w);
-  const int64_t nth = m < 1.0 ? 1 : (m > 0x1p62 ? int64_t{1} << 62 : static_cast<int64_t>(m));
+  const int64_t nth = !(m >= 1.0) ? 1 : (m > 0x1p62 ? int64_t{1} << 62 : static_cast<int64_t>(m));
   return rank_key(prefix, nth_tie(row, prefix, prev, nth));
 }
 
@@ -330,7 +322,7 @@ __device__ int64_t num_proposals_of(const VerifyParams& p, int64_t b) {
 }
 
 // Summary of p for one (row, position); the accept decision where a proposal sits.
-__global__ void summarise_kernel(VerifyParams p, PositionSummary* summaries) {
+__global__ void __launch_bounds__(kThreads) summarise_kernel(VerifyParams p, PositionSummary* summaries) {
   const int64_t slot = blockIdx.x;
   const int64_t b = slot / (p.k + 1);
   const int64_t i = slot % (p.k + 1);
@@ -363,7 +355,7 @@ __global__ void summarise_kernel(VerifyParams p, PositionSummary* summaries) {
 }
 
 // Accepted count and bonus token of one row.
-__global__ void bonus_kernel(VerifyParams p, const PositionSummary* summaries) {
+__global__ void __launch_bounds__(kThreads) bonus_kernel(VerifyParams p, const PositionSummary* summaries) {
   const int64_t b = blockIdx.x;
   const int64_t n = num_proposals_of(p, b);
   const PositionSummary* s = summaries + b * (p.k + 1);
@@ -384,10 +376,10 @@ __global__ void bonus_kernel(VerifyParams p, const PositionSummary* summaries) {
     if (j < n) {
       const float* q_row = p.one_hot[b] ? nullptr : p.q_probs + (b * p.k + j) * p.vocab;
       token = inverse_cdf(ResidualProbs{target, q_row, p.proposals[b * p.k + j]}, p.vocab,
-                          p.bonus_uniforms[b]);
+                          p.bonus_uniforms[b], true);
     }
     // No residual mass is only reachable through rounding (p == q wherever p > 0): draw from p.
-    if (token < 0) token = inverse_cdf(target, p.vocab, p.bonus_uniforms[b]);
+    if (token < 0) token = inverse_cdf(target, p.vocab, p.bonus_uniforms[b], false);
   }
   if (threadIdx.x == 0) {
     p.accepted[b] = j;
