@@ -1,5 +1,6 @@
 """Builds ssd._C through CMake. Environment: SSD_CUDA=auto|on|off, SSD_NATIVE=1|0,
-SSD_BUILD_DIR (default build/py, kept between builds for incremental rebuilds)."""
+SSD_CUDA_ARCHS (GPU architectures, default "80;90"), SSD_BUILD_DIR (default build/py,
+kept between builds for incremental rebuilds)."""
 import os
 import subprocess
 import sys
@@ -32,6 +33,7 @@ class CMakeBuild(build_ext):
             "-DCMAKE_BUILD_TYPE=Release",
             f"-DSSD_CUDA={cuda}",
             f"-DSSD_NATIVE={native}",
+            f"-DSSD_CUDA_ARCHS={os.environ.get('SSD_CUDA_ARCHS', '80;90')}",
         ]
         if cuda == "off":
             configure.append("-DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON")

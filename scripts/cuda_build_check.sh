@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Builds the extension against a CUDA torch on a machine WITHOUT a GPU, to prove
-# the CUDA glue (csrc/bindings/*_cuda.cpp) compiles and links, and that every op
-# registers a CUDA kernel. Heavy (installs torch 2.14.1+cu130, ~5.4 GB, from the
-# local wheel cache), so it is not part of CI; CI compiles the .cu files only.
+# the CUDA glue (csrc/bindings/*_cuda.cpp) and the cuda model backend
+# (csrc/model/backend_cuda.cpp) compile and link, that every torch.ops.ssd op
+# registers a CUDA kernel and that the build offers the cuda backend. Heavy
+# (installs torch 2.14.1+cu130, ~5.4 GB, from the local wheel cache), so it is
+# not part of CI; CI compiles the .cu files only.
 # Usage: bash scripts/cuda_build_check.sh [VENV_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${1:-build/venv-cuda}
+VENV=$(realpath -m "${1:-build/venv-cuda}")  # absolute: CMake must not resolve the venv python to its base
 [ -x "$VENV/bin/python" ] || python -m venv "$VENV"
 "$VENV/bin/pip" install -q torch==2.14.1 pybind11 "cmake>=3.26" ninja numpy
 NV=$("$VENV/bin/python" -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), '..', 'nvidia', 'cu13'))")
@@ -25,11 +27,16 @@ cmake -S . -B build/cuda-torch -G Ninja -DPython_EXECUTABLE="$VENV/bin/python" -
   -DCUDA_TOOLKIT_ROOT_DIR="$PWD/$TK" -DCUDAToolkit_ROOT="$PWD/$TK" -DCMAKE_CUDA_COMPILER="$CUDA_HOME/bin/nvcc" \
   -DCMAKE_LIBRARY_OUTPUT_DIRECTORY="$PWD/build/cuda-torch/pkg/ssd" >/dev/null
 cmake --build build/cuda-torch --target _C
-cp -r python/ssd/*.py python/ssd/models build/cuda-torch/pkg/ssd/
+(cd python && find ssd -name '*.py' -print0 | xargs -0 cp --parents -t ../build/cuda-torch/pkg)
 PYTHONPATH=build/cuda-torch/pkg "$VENV/bin/python" - <<'PY'
-import torch, ssd._C  # noqa: F401
+import torch, ssd, ssd._C  # noqa: F401
 ops = ["paged_attention", "fork_attention", "saguaro_sample", "fork_select", "verify", "kv_commit", "kv_truncate"]
 missing = [op for op in ops if not torch._C._dispatch_has_kernel_for_dispatch_key("ssd::" + op, "CUDA")]
 assert not missing, f"no CUDA kernel registered for {missing}"
 print(f"CUDA kernels registered for all {len(ops)} ops (torch {torch.__version__})")
+backends = ssd._C.available_backends()
+assert "cuda" in backends, f"this build offers no cuda model backend: {backends}"
+problem = ssd._C.device_problem("cuda")
+assert "cuda" in problem, problem  # no GPU here: the device is refused, by name
+print(f"model backends in the build: {backends}; here: {problem}")
 PY

@@ -12,14 +12,15 @@ def _cuda_devices() -> int:
 
 
 def pytest_collection_modifyitems(config, items):
-    needs_gpu = [i for i in items if "cuda" in i.keywords or "multi_gpu" in i.keywords]
+    # Markers, not keywords: a parameter id such as "cuda" is a keyword too.
+    needs_gpu = [i for i in items if i.get_closest_marker("cuda") or i.get_closest_marker("multi_gpu")]
     if not needs_gpu:
         return
     devices = _cuda_devices()
     for item in needs_gpu:
-        if "cuda" in item.keywords and devices < 1:
+        if item.get_closest_marker("cuda") and devices < 1:
             item.add_marker(pytest.mark.skip(reason="needs an NVIDIA GPU"))
-        elif "multi_gpu" in item.keywords and devices < 2:
+        elif item.get_closest_marker("multi_gpu") and devices < 2:
             item.add_marker(pytest.mark.skip(reason="needs two or more GPUs"))
 
 

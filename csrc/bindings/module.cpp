@@ -92,6 +92,7 @@ EngineConfig engine_config_from(const py::dict& d) {
   get(d, "saguaro_c", c.saguaro_c);
   get(d, "fallback", c.fallback);
   get(d, "draft_matmul_min_rows", c.draft_matmul_min_rows);
+  get(d, "batch_invariant", c.batch_invariant);
   c.validate();
   return c;
 }
@@ -257,12 +258,21 @@ void bind_config(py::module_& m) {
 // Models and a sequence runner over their paged KV cache.
 void bind_models(py::module_& m) {
   py::class_<model::Model, std::shared_ptr<model::Model>>(m, "Model")
-      .def(py::init([](const py::dict& config, const py::dict& weights) {
-             return std::make_shared<model::Model>(model_config_from(config), weight_map_from(weights));
+      .def(py::init([](const py::dict& config, const py::dict& weights, const std::string& device,
+                       const std::string& backend, bool batch_invariant) {
+             model::ModelPlacement placement{device, backend, model::BackendOptions{batch_invariant}};
+             return std::make_shared<model::Model>(model_config_from(config), weight_map_from(weights), placement);
            }),
-           py::arg("config"), py::arg("weights"))
+           py::arg("config"), py::arg("weights"), py::arg("device") = "cpu", py::arg("backend") = "auto",
+           py::arg("batch_invariant") = true)
       .def_property_readonly("vocab_size", [](const model::Model& m) { return m.config().vocab_size; })
-      .def_property_readonly("bf16", &model::Model::bf16);
+      .def_property_readonly("bf16", &model::Model::bf16)
+      .def_property_readonly("device", &model::Model::device)
+      .def_property_readonly("backend", [](const model::Model& m) { return m.backend().name(); });
+  m.def("available_backends", &model::available_backends,
+        "The model backends this build can run here: 'cpu', 'aten' and, with CUDA, 'cuda'.");
+  m.def("device_problem", &model::device_problem, py::arg("device"),
+        "'' when the device string names a usable device, else why not.");
 
   py::class_<model::SequenceRunner>(m, "SequenceRunner")
       .def(py::init<std::shared_ptr<model::Model>, int64_t, int64_t, int64_t>(), py::arg("model"),

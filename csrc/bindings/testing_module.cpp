@@ -10,6 +10,7 @@
 #include "../kernels/cpu/linear.h"
 #include "../kernels/cpu/ops.h"
 #include "../kernels/cpu/sampling.h"
+#include "../model/backend.h"
 #include "../model/json.h"
 #include "../model/safetensors.h"
 #include "../runtime/fanout.h"
@@ -227,9 +228,83 @@ void bind_parsers(py::module_& m) {
       "itemsize, shape, begin, end)}), offsets relative to data_start.");
 }
 
+// One model backend's steps, one by one, so that every backend can be tested
+// against the cpu backend (the oracle) on the same inputs. Tensors go in and
+// come out on the backend's device.
+class BackendSteps {
+ public:
+  BackendSteps(const std::string& device, const std::string& backend, bool batch_invariant)
+      : backend_(model::make_backend(device, backend, model::BackendOptions{batch_invariant})), pool_(1) {}
+
+  std::string name() const { return backend_->name(); }
+
+  at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                    bool bf16, int64_t matmul_min_rows) {
+    check_rows(x, weight.size(1), "linear: x");
+    const model::Matrix w = backend_->matrix(weight, bf16 ? at::kBFloat16 : at::kFloat);
+    const at::Tensor b = bias ? backend_->vector(*bias) : at::Tensor();
+    const at::Tensor in = on_device(x);
+    return step([&](model::StepContext& ctx) { return backend_->linear(in, w, b, ctx); }, matmul_min_rows);
+  }
+
+  at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+    if (x.dim() != 2 && x.dim() != 3) throw std::invalid_argument("rms_norm: x must be [rows, n] or [T, heads, n]");
+    const at::Tensor in = on_device(x), weight = backend_->vector(w);
+    const at::Tensor out = at::empty_like(in);
+    return step([&](model::StepContext& ctx) {
+      backend_->rms_norm(in, weight, static_cast<float>(eps), out, ctx);
+      return out;
+    });
+  }
+
+  at::Tensor silu_mul(const at::Tensor& gu) {
+    const at::Tensor in = on_device(gu);
+    return step([&](model::StepContext&) { return backend_->silu_mul(in); });
+  }
+
+ private:
+  // One step as a forward runs it (on the backend's stream), finished before
+  // its result is handed back.
+  template <typename F>
+  at::Tensor step(F&& run, int64_t matmul_min_rows = 0) {
+    model::StepContext ctx{pool_, matmul_min_rows};
+    at::Tensor out;
+    {
+      const auto scope = backend_->forward_scope();
+      out = run(ctx);
+      backend_->synchronize();
+    }
+    return out;
+  }
+
+  at::Tensor on_device(const at::Tensor& t) const {
+    return t.to(backend_->device(), at::kFloat).contiguous();
+  }
+  static void check_rows(const at::Tensor& x, int64_t k, const char* what) {
+    if (x.dim() != 2 || x.size(1) != k)
+      throw std::invalid_argument(std::string(what) + " must be [m, " + std::to_string(k) + "]");
+  }
+
+  std::unique_ptr<model::Backend> backend_;
+  kernels::ThreadPool pool_;
+};
+
+void bind_backend_steps(py::module_& m) {
+  py::class_<BackendSteps>(m, "BackendSteps")
+      .def(py::init<const std::string&, const std::string&, bool>(), py::arg("device") = "cpu",
+           py::arg("backend") = "auto", py::arg("batch_invariant") = true)
+      .def_property_readonly("name", &BackendSteps::name)
+      .def("linear", &BackendSteps::linear, py::arg("x"), py::arg("weight"), py::arg("bias") = py::none(),
+           py::arg("bf16") = false, py::arg("matmul_min_rows") = 0,
+           "y [m, n] = x [m, k] @ weight [n, k]^T + bias, the weight stored in bf16 or fp32.")
+      .def("rms_norm", &BackendSteps::rms_norm, py::arg("x"), py::arg("weight"), py::arg("eps"))
+      .def("silu_mul", &BackendSteps::silu_mul, py::arg("gu"));
+}
+
 }  // namespace
 
 void bind_testing(py::module_ m) {
+  bind_backend_steps(m);
   bind_runtime_pieces(m);
   bind_kernel_pieces(m);
   bind_parsers(m);

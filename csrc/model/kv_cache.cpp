@@ -1,32 +1,13 @@
 #include "kv_cache.h"
 
-#include <ATen/ops/from_blob.h>
-#include <sys/mman.h>
-
-#include <cerrno>
-#include <cstring>
 #include <stdexcept>
 #include <string>
 
+#include "backend.h"
+
 namespace ssd::model {
 
-namespace {
-
-// Anonymous memory reads as zeros and becomes resident only where it is
-// written, so a large cache costs only the blocks sequences have used.
-at::Tensor reserve_zeroed(std::vector<int64_t> sizes) {
-  size_t bytes = sizeof(float);
-  for (int64_t s : sizes) bytes *= static_cast<size_t>(s);
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED)
-    throw std::invalid_argument("KV cache: could not reserve " + std::to_string(bytes >> 20) +
-                                " MiB (" + std::strerror(errno) + "); lower kv_cache_gib or kv_capacity_tokens");
-  return at::from_blob(p, sizes, [bytes](void* q) { munmap(q, bytes); }, at::TensorOptions().dtype(at::kFloat));
-}
-
-}  // namespace
-
-KvCache::KvCache(const ModelConfig& config, int64_t num_blocks, int64_t block_size)
+KvCache::KvCache(const ModelConfig& config, int64_t num_blocks, int64_t block_size, const Backend& backend)
     : num_blocks_(num_blocks),
       block_size_(block_size),
       num_kv_heads_(config.num_kv_heads),
@@ -34,7 +15,7 @@ KvCache::KvCache(const ModelConfig& config, int64_t num_blocks, int64_t block_si
   if (num_blocks <= 0 || block_size <= 0)
     throw std::invalid_argument("KV cache needs num_blocks > 0 and block_size > 0, got " +
                                 std::to_string(num_blocks) + " and " + std::to_string(block_size));
-  storage_ = reserve_zeroed({config.num_layers, 2, num_blocks, block_size, num_kv_heads_, head_dim_});
+  storage_ = backend.kv_storage({config.num_layers, 2, num_blocks, block_size, num_kv_heads_, head_dim_});
   free_.reserve(static_cast<size_t>(num_blocks));
   // Low block ids are handed out first.
   for (int64_t b = num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));

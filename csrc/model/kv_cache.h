@@ -12,6 +12,8 @@
 
 namespace ssd::model {
 
+class Backend;
+
 /// Blocks of one sequence, in position order.
 struct BlockTable {
   std::vector<int32_t> blocks;
@@ -19,9 +21,10 @@ struct BlockTable {
 
 class KvCache {
  public:
-  /// Reserves num_blocks blocks of block_size zeroed slots for every layer
-  /// (fp32); pages become resident as blocks are first written.
-  KvCache(const ModelConfig& config, int64_t num_blocks, int64_t block_size);
+  /// num_blocks blocks of block_size zeroed fp32 slots for every layer, on
+  /// the backend's device (the cpu backend reserves them: pages become
+  /// resident as blocks are first written).
+  KvCache(const ModelConfig& config, int64_t num_blocks, int64_t block_size, const Backend& backend);
 
   int64_t block_size() const { return block_size_; }
   int64_t num_blocks() const { return num_blocks_; }
@@ -35,7 +38,7 @@ class KvCache {
   /// Keeps the blocks covering the first keep_tokens positions, frees the rest.
   void truncate(BlockTable& table, int64_t keep_tokens);
 
-  /// Layer view for the kernels.
+  /// Layer view for the kernels (device pointers on a GPU backend).
   kernels::PagedKv layer(int64_t index);
   /// [layers, 2, num_blocks, block_size, kv_heads, head_dim], shared with the cache.
   const at::Tensor& storage() const { return storage_; }

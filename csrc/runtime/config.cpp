@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "ssd/config.h"
+#include "../model/backend.h"
 #include "ssd/log.h"
 #include "ssd/types.h"
 
@@ -115,10 +116,15 @@ void EngineConfig::validate() const {
                                   std::to_string(kv_capacity_tokens));
   if (dtype != "float32" && dtype != "bfloat16")
     bad("dtype", "must be 'float32' or 'bfloat16', got '" + dtype + "'");
-  if (target_device != "cpu")
-    bad("target_device", "only 'cpu' is available in this build, got '" + target_device + "'");
-  if (draft_device != "cpu")
-    bad("draft_device", "only 'cpu' is available in this build, got '" + draft_device + "'");
+  // Syntax and presence (this build, this machine): a CUDA device without a
+  // GPU is refused here, before any weight is loaded.
+  if (const std::string why = model::device_problem(target_device); !why.empty()) bad("target_device", why);
+  if (mode != "ar")
+    if (const std::string why = model::device_problem(draft_device); !why.empty()) bad("draft_device", why);
+  if (mode == "ssd" && (target_device != "cpu" || draft_device != "cpu"))
+    bad(target_device != "cpu" ? "target_device" : "draft_device",
+        "mode 'ssd' runs on the CPU only in this version (ar and sd run on CUDA), got '" +
+            (target_device != "cpu" ? target_device : draft_device) + "'");
   threads("target_threads", target_threads);
   threads("draft_threads", draft_threads);
   positive("k", k);

@@ -43,12 +43,14 @@ class Engine::Impl {
       : config_(config), testing_(testing), model_(std::move(target)), eos_(std::move(eos)) {
     config_.validate();
     if (!model_) throw std::invalid_argument("target model is null");
+    check_placement("target_device", *model_, config_.target_device);
     check_draft(draft.get());
     config_.resolve(model_->config(), draft ? &draft->config() : nullptr);
     SSD_LOG_INFO("engine: mode " << config_.mode << ", max_model_len " << config_.max_model_len << ", KV cache "
                                  << config_.kv_capacity_tokens << " tokens");
     vocab_ = model_->config().vocab_size;
-    cache_ = std::make_unique<model::KvCache>(model_->config(), config_.num_kv_blocks(), config_.kv_block_size);
+    cache_ = std::make_unique<model::KvCache>(model_->config(), config_.num_kv_blocks(), config_.kv_block_size,
+                                            model_->backend());
     speculator_ = runtime::make_speculator(config_, testing_, std::move(draft));
     scheduler_ = std::make_unique<runtime::Scheduler>(config_, *cache_, speculator_ ? config_.k : 0);
     pool_ = std::make_unique<kernels::ThreadPool>(config_.target_threads);
@@ -151,12 +153,21 @@ class Engine::Impl {
     return seq;
   }
 
+  // A model is built for one device; the config must name that device.
+  static void check_placement(const char* field, const model::Model& m, const std::string& device) {
+    const auto canonical = [](const std::string& d) { return d == "cuda" ? std::string("cuda:0") : d; };
+    if (canonical(m.device()) != canonical(device))
+      throw std::invalid_argument(std::string(field) + ": the model was built for '" + m.device() + "', not '" +
+                                  device + "'");
+  }
+
   void check_draft(const model::Model* draft) const {
     if (config_.mode == "ar") {
       if (draft) throw std::invalid_argument("mode: 'ar' takes no draft model (use 'sd')");
       return;
     }
     if (!draft) throw std::invalid_argument("mode: '" + config_.mode + "' needs a draft model");
+    check_placement("draft_device", *draft, config_.draft_device);
     const int64_t v_tgt = model_->config().vocab_size, v_dft = draft->config().vocab_size;
     if (v_tgt != v_dft)
       throw std::invalid_argument("draft vocabulary (" + std::to_string(v_dft) + " tokens) differs from the target's (" +

@@ -10,7 +10,7 @@ namespace ssd::runtime {
 SdDrafter::SdDrafter(std::shared_ptr<model::Model> model, int64_t num_blocks, int64_t block_size,
                      int64_t threads, int64_t matmul_min_rows)
     : model_(std::move(model)),
-      cache_(std::make_unique<model::KvCache>(model_->config(), num_blocks, block_size)),
+      cache_(std::make_unique<model::KvCache>(model_->config(), num_blocks, block_size, model_->backend())),
       pool_(std::make_unique<kernels::ThreadPool>(threads)),
       matmul_min_rows_(matmul_min_rows) {}
 

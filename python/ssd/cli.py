@@ -31,8 +31,17 @@ def _budget(text: str):
     return text if text == "auto" else int(text)
 
 
+def _bool(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes", "on"):
+        return True
+    if text.lower() in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
 # How an EngineConfig field's option parses its value, by the field's declared type.
-_PARSERS = {"int": int, "float": float, "str": str, "str | list[int]": _fanout, "str | int": _budget}
+_PARSERS = {"int": int, "float": float, "str": str, "str | list[int]": _fanout, "str | int": _budget,
+            "bool": _bool}
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:

@@ -69,6 +69,14 @@ class EngineConfig:
     draft forwards over at least this many rows (the ssd tree, sd batches)
     use bf16 pair kernels (AVX512-BF16, many rows cost about one); the draft's
     numerics never change the output law. 0 turns that off.
+
+    Placement: target_device is "cpu", "cuda" or "cuda:N"; draft_device the
+    same (sd: any CUDA device or "cpu"; ssd runs on the CPU only in this
+    version). A CUDA device on a machine or build without one is a ValueError
+    naming it. batch_invariant: True (the default) keeps every row's logits
+    bitwise independent of the batch on CUDA too, which is what makes greedy
+    sd token-identical to ar; False lets the CUDA backend use stock cuBLAS
+    products, faster and not token-identical. The CPU is always invariant.
     """
 
     mode: str = "ar"
@@ -89,6 +97,7 @@ class EngineConfig:
     saguaro_c: float = 1.0
     fallback: str = "auto"
     draft_matmul_min_rows: int = 4
+    batch_invariant: bool = True
 
     def __post_init__(self):
         if isinstance(self.fanout, str):
@@ -114,6 +123,8 @@ class EngineConfig:
                 setattr(self, f.name, _number(f.name, value))
             elif f.type == "str" and not isinstance(value, str):
                 raise ValueError(f"{f.name}: must be a string, got {value!r}")
+            elif f.type == "bool" and not isinstance(value, bool):
+                raise ValueError(f"{f.name}: must be True or False, got {value!r}")
         if isinstance(self.fanout, list):
             self.fanout = [_integer("fanout", v) for v in self.fanout]
         if self.fanout_budget != "auto":

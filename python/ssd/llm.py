@@ -97,11 +97,11 @@ class LLM:
 
         self.model = load(target)
         self.draft_model = None if draft is None else load(draft)
-        core = self.model.core_model()
+        core = self.model.core_model(config.target_device, batch_invariant=config.batch_invariant)
         self.model.weights.clear()  # the core holds its own (fused) copies
         draft_core = None
         if self.draft_model is not None:
-            draft_core = self.draft_model.core_model()
+            draft_core = self.draft_model.core_model(config.draft_device, batch_invariant=config.batch_invariant)
             self.draft_model.weights.clear()
         try:
             self._engine = _C.Engine(config.to_dict(), core, list(self.model.eos_token_ids), draft_core,

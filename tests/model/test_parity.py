@@ -53,11 +53,18 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a - b).abs().max().item()
 
 
-def test_fp32_logits_match_transformers(checkpoint):
+# (device, backend): the cpu kernels, the aten reference (two implementations of
+# the forward's steps on the CPU) and, with a GPU, the cuda backend.
+BACKENDS = [pytest.param("cpu", "auto", id="cpu"), pytest.param("cpu", "aten", id="aten"),
+            pytest.param("cuda", "auto", id="cuda", marks=pytest.mark.cuda)]
+
+
+@pytest.mark.parametrize("device,backend", BACKENDS)
+def test_fp32_logits_match_transformers(checkpoint, device, backend):
     spec, model_dir, hf_model = checkpoint
     tokens = _tokens(spec)
     expected = hf_logits(hf_model, tokens)
-    got = ssd.models.load(model_dir, dtype=torch.float32).logits(tokens)
+    got = ssd.models.load(model_dir, dtype=torch.float32).logits(tokens, device, backend)
     assert got.dtype == torch.float32
     # Random weights at std 0.15 give logits of std ~1: a 1e-4 bound is tight.
     assert expected.std().item() > 0.5
@@ -65,8 +72,9 @@ def test_fp32_logits_match_transformers(checkpoint):
     assert diff <= TOLERANCE, f"{spec.describe()}: max |ssd - transformers| = {diff:.3g}"
 
 
+@pytest.mark.parametrize("device,backend", BACKENDS)
 @pytest.mark.parametrize("spec", [SPECS[1], SPECS[4]], ids=lambda s: s.describe())
-def test_bf16_weights_match_transformers_on_rounded_weights(spec, tmp_path):
+def test_bf16_weights_match_transformers_on_rounded_weights(spec, device, backend, tmp_path):
     """ssd stores weights in bf16 and computes in fp32, which is transformers in fp32
     on bf16-rounded weights; unrounded weights must give a visibly different answer,
     or the test would not show that the weights are really stored in bf16."""
@@ -75,7 +83,7 @@ def test_bf16_weights_match_transformers_on_rounded_weights(spec, tmp_path):
     unrounded = hf_logits(hf_model, tokens)
     round_weights_to_bf16(hf_model)
     expected = hf_logits(hf_model, tokens)
-    got = ssd.models.load(model_dir, dtype=torch.bfloat16).logits(tokens)
+    got = ssd.models.load(model_dir, dtype=torch.bfloat16).logits(tokens, device, backend)
     diff = _max_diff(got, expected)
     assert diff <= TOLERANCE, f"{spec.describe()}: max |ssd bf16 - transformers rounded| = {diff:.3g}"
     assert _max_diff(got, unrounded) > 100 * TOLERANCE

@@ -5,6 +5,7 @@ import random
 import numpy as np
 import pytest
 
+import ssd.models
 from ssd import LLM, SamplingParams
 from tests.reference import law
 from tests.reference.stats import g_test, samples_for_power
@@ -14,26 +15,40 @@ def greedy(n):
     return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
 
 
+# (target_device, draft_device): all on the CPU; with a GPU, both models on it,
+# and the draft on the CPU beside a GPU target.
+PLACEMENTS = [pytest.param(("cpu", "cpu"), id="cpu"),
+              pytest.param(("cuda", "cuda"), id="cuda", marks=pytest.mark.cuda),
+              pytest.param(("cuda", "cpu"), id="cuda-draft-cpu", marks=pytest.mark.cuda)]
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
 @pytest.mark.parametrize("max_batch", [1, 8])
 @pytest.mark.parametrize("same_draft", [False, True])
-def test_greedy_equals_ar(pair, max_batch, same_draft):
+def test_greedy_equals_ar(pair, max_batch, same_draft, placement):
     target, draft = pair
+    target_device, draft_device = placement
     rng = random.Random(0)
     prompts = [[rng.randrange(256) for _ in range(rng.randrange(1, 30))] for _ in range(32)]
-    with LLM(target, max_model_len=256) as ar:
+    with LLM(target, max_model_len=256, target_device=target_device) as ar:
         want = [o.token_ids for o in ar.generate(prompts, greedy(64))]
     # draft_matmul_min_rows=0: a draft that is the target must also compute like it
-    # (the bf16 pair kernels would otherwise serve its many-row forwards).
+    # (the bf16 pair kernels would otherwise serve its many-row forwards). A
+    # draft that is the target on another device computes otherwise, so it is
+    # only all but always accepted.
     with LLM(target, draft=target if same_draft else draft, mode="sd", k=3, max_model_len=256,
-             max_batch=max_batch, draft_matmul_min_rows=0 if same_draft else 4) as sd:
+             max_batch=max_batch, draft_matmul_min_rows=0 if same_draft else 4,
+             target_device=target_device, draft_device=draft_device) as sd:
         got = [o.token_ids for o in sd.generate(prompts, greedy(64))]
         stats = sd.stats()
     assert got == want
     assert stats["rounds"] > 0
     rate = stats["draft_tokens_accepted"] / stats["draft_tokens_proposed"]
-    if same_draft:
+    if same_draft and target_device == draft_device:
         assert rate == 1.0  # the draft IS the target: every greedy proposal is accepted
         assert stats["rounds"] == 32 * 64 // 4
+    elif same_draft:
+        assert rate > 0.95
 
 
 def test_greedy_with_preemption_equals_ar(pair):
@@ -62,13 +77,27 @@ def exact_joint(model, temperature, top_k, top_p):
 views = law.views
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p,max_batch",
-                         [(1.0, 0, 1.0, 512), (0.9, 3, 0.9, 512), (1.0, 0, 1.0, 1), (0.9, 3, 0.9, 4)])
+LAW_CASES = [(1.0, 0, 1.0, 512), (0.9, 3, 0.9, 512), (1.0, 0, 1.0, 1), (0.9, 3, 0.9, 4)]
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p,max_batch", LAW_CASES)
 def test_output_law_equals_target(small_pair, temperature, top_k, top_p, max_batch):
+    check_output_law(small_pair, temperature, top_k, top_p, max_batch)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("draft_device,case", [("cuda", LAW_CASES[0]), ("cpu", LAW_CASES[1])])
+def test_output_law_equals_target_on_cuda(small_pair, draft_device, case):
+    # Two cases, not all four: the device check (scripts/gpu_check.sh) has a time budget.
+    check_output_law(small_pair, *case, target_device="cuda", draft_device=draft_device)
+
+
+def check_output_law(small_pair, temperature, top_k, top_p, max_batch, **placement):
     target, draft = small_pair
+    # The target's exact law, by enumeration on the CPU (the oracle).
+    joint = exact_joint(ssd.models.load(target), temperature, top_k, top_p)
     with LLM(target, draft=draft, mode="sd", k=2, max_model_len=32, max_batch=max_batch,
-             max_batched_tokens=8192) as sd:
-        joint = exact_joint(sd.model, temperature, top_k, top_p)
+             max_batched_tokens=8192, **placement) as sd:
         laws = views(joint)
         n = max(samples_for_power(law, tv=0.01, alpha=0.001, power=0.9) for law in laws)
         params = [SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,

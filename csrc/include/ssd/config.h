@@ -98,6 +98,9 @@ struct EngineConfig {
   /// sd/ssd: draft forwards over at least this many rows (the ssd tree, sd
   /// batches) use the bf16 pair kernels (AVX512-BF16); 0 turns them off.
   int64_t draft_matmul_min_rows = 4;
+  /// false: the cuda backend's stock cuBLAS products (faster; greedy sd is
+  /// then no longer token-identical to ar). The CPU is always batch-invariant.
+  bool batch_invariant = true;
 
   void validate() const;
   /// Fills the automatic fields (max_model_len, kv_capacity_tokens) from the

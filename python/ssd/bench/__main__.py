@@ -22,6 +22,8 @@ SUBCOMMANDS = {
                    "batch-1 bf16 decode tok/s on 1 and 2 threads, alone and beside a competing busy process"),
     "serve": ("ssd.bench.serve", "[--url URL | --modes ar,sd,ssd] [--rates R,...] [--json FILE] [--plot FILE]",
               "TTFT, inter-token latency and output tok/s of ssd serve under Poisson request rates"),
+    "gpu": ("ssd.bench.gpu", "[--device cuda|cpu] [--shapes llama|tiny] [--json FILE]",
+            "batch-1 ar decode of an 8B-shaped bf16 target against the bandwidth bound, and greedy sd beside it"),
     "fallback": ("ssd.bench.fallback", "--auto FILE [--json FILE] [--plot FILE]",
                  "ssd with the neural and the fast cache-miss fallback forced, beside a default run's auto"),
 }

@@ -4,14 +4,17 @@ from __future__ import annotations
 import torch
 
 
-def build_core_model(config, weights: dict[str, torch.Tensor]):
-    """Builds the C++ ``ssd._C.Model`` from a ModelConfig and HF-named weights.
+def build_core_model(config, weights: dict[str, torch.Tensor], device: str = "cpu", backend: str = "auto",
+                     batch_invariant: bool = True):
+    """Builds the C++ ``ssd._C.Model`` from a ModelConfig and HF-named weights,
+    placed on ``device`` ("cpu", "cuda", "cuda:N") with ``backend`` ("auto" or
+    "aten"; see ``LoadedModel.core_model``).
 
-    Raises ValueError naming a missing or mis-shaped tensor.
+    Raises ValueError naming a missing or mis-shaped tensor, or an unusable device.
     """
     from ssd import _C
 
-    return _C.Model(config.to_dict(), weights)
+    return _C.Model(config.to_dict(), weights, device=device, backend=backend, batch_invariant=batch_invariant)
 
 
 def sequence_logits(core_model, token_ids: list[int], block_size: int = 16, num_threads: int = 1) -> torch.Tensor:

@@ -46,24 +46,34 @@ class LoadedModel:
             )
         return self.tokenizer
 
-    def core_model(self):
-        """The C++ model (``ssd._C.Model``) built from these weights, cached."""
-        core = self.__dict__.get("_core")
+    def core_model(self, device: str = "cpu", backend: str = "auto", batch_invariant: bool = True):
+        """The C++ model (``ssd._C.Model``) built from these weights, cached per placement.
+
+        device: "cpu", "cuda" or "cuda:N". backend: "auto" (the device's own
+        kernels) or "aten" (the reference backend over ATen ops). batch_invariant:
+        False lets the cuda backend use stock cuBLAS products (faster; greedy sd
+        is then not token-identical to ar). Raises ValueError naming a device this
+        build or machine cannot use.
+        """
+        cores = self.__dict__.setdefault("_cores", {})
+        key = (device, backend, bool(batch_invariant))
+        core = cores.get(key)
         if core is None:
             from .core import build_core_model
 
-            core = build_core_model(self.config, self.weights)
-            self.__dict__["_core"] = core
+            core = build_core_model(self.config, self.weights, device=device, backend=backend,
+                                    batch_invariant=batch_invariant)
+            cores[key] = core
         return core
 
-    def logits(self, token_ids: list[int]) -> torch.Tensor:
+    def logits(self, token_ids: list[int], device: str = "cpu", backend: str = "auto") -> torch.Tensor:
         """Scores a whole sequence through the paged C++ path.
 
-        token_ids: [len] -> logits [len, vocab] (float32).
+        token_ids: [len] -> logits [len, vocab] (float32, on the host).
         """
         from .core import sequence_logits
 
-        return sequence_logits(self.core_model(), token_ids)
+        return sequence_logits(self.core_model(device, backend), token_ids)
 
     def __repr__(self) -> str:
         return (f"LoadedModel(name={self.name!r}, architecture={self.config.architecture!r}, "

@@ -1,0 +1,135 @@
+// What every backend shares (the default steps, written over ATen so that they
+// run on any device) and the one place that maps a device string to a backend.
+#include "backend.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+
+#include <cctype>
+#include <stdexcept>
+
+#include "backend_aten.h"
+
+namespace ssd::model {
+
+std::unique_ptr<Backend> make_cpu_backend();
+// backend_cuda.cpp: the CUDA backend when the build has CUDA (nullptr and
+// false otherwise).
+std::unique_ptr<Backend> make_cuda_backend(at::Device device, const BackendOptions& options);
+bool cuda_backend_built();
+
+at::Tensor Backend::vector(const at::Tensor& v) const {
+  return v.to(device(), at::kFloat).contiguous();
+}
+
+at::Tensor Backend::embedding(const at::Tensor& table, at::ScalarType dtype) const {
+  return table.to(device(), dtype).contiguous();
+}
+
+at::Tensor Backend::kv_storage(const std::vector<int64_t>& sizes) const {
+  return at::zeros(sizes, at::TensorOptions().dtype(at::kFloat).device(device()));
+}
+
+// One host buffer, one copy to the device, then views: the index arrays cross
+// once per forward.
+DeviceBatch Backend::upload(const ForwardInput& in) const {
+  const std::vector<const std::vector<int32_t>*> parts = {&in.tokens, &in.positions, &in.seq_of_token,
+                                                          &in.block_tables, &in.logit_rows};
+  int64_t total = 0;
+  for (const auto* p : parts) total += static_cast<int64_t>(p->size());
+  at::Tensor host = at::empty({total}, at::kInt);
+  int32_t* dst = host.data_ptr<int32_t>();
+  for (const auto* p : parts) dst = std::copy(p->begin(), p->end(), dst);
+  const at::Tensor dev = device().is_cpu() ? host : host.to(device());
+  std::vector<at::Tensor> views;
+  int64_t offset = 0;
+  for (const auto* p : parts) {
+    const auto n = static_cast<int64_t>(p->size());
+    views.push_back(dev.narrow(0, offset, n));
+    offset += n;
+  }
+  DeviceBatch b;
+  b.host = &in;
+  b.tokens = views[0];
+  b.positions = views[1];
+  b.seq_of_token = views[2];
+  b.block_tables = views[3];
+  b.logit_rows = views[4];
+  return b;
+}
+
+at::Tensor Backend::gather_rows(const at::Tensor& x, const DeviceBatch& b) const {
+  return x.index_select(0, b.logit_rows);
+}
+
+at::Tensor Backend::to_host(const at::Tensor& logits) const {
+  return logits.to(at::kCPU, at::kFloat).contiguous();
+}
+
+namespace {
+
+struct ParsedDevice {
+  bool cuda = false;
+  int index = 0;
+};
+
+ParsedDevice parse_device(const std::string& device) {
+  if (device == "cpu") return {};
+  if (device == "cuda") return {true, 0};
+  const std::string prefix = "cuda:";
+  if (device.rfind(prefix, 0) == 0 && device.size() > prefix.size() && device.size() <= prefix.size() + 3) {
+    int index = 0;
+    for (size_t i = prefix.size(); i < device.size(); ++i) {
+      if (!std::isdigit(static_cast<unsigned char>(device[i]))) goto bad;
+      index = index * 10 + (device[i] - '0');
+    }
+    return {true, index};
+  }
+bad:
+  throw std::invalid_argument("device '" + device + "': expected 'cpu', 'cuda' or 'cuda:N'");
+}
+
+}  // namespace
+
+std::string device_problem(const std::string& device) {
+  ParsedDevice d;
+  try {
+    d = parse_device(device);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  if (!d.cuda) return "";
+  if (!at::hasCUDA())
+    return "device '" + device + "': no CUDA device is available (this torch build or this machine has no "
+           "NVIDIA GPU); use 'cpu'";
+  const auto count = static_cast<int>(at::getNumGPUs());
+  if (d.index >= count)
+    return "device '" + device + "': this machine has " + std::to_string(count) + " CUDA device" +
+           (count == 1 ? "" : "s") + " (cuda:0..cuda:" + std::to_string(count - 1) + ")";
+  return "";
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& device, const std::string& backend,
+                                      const BackendOptions& options) {
+  const ParsedDevice d = parse_device(device);
+  if (backend != "auto" && backend != "aten" && backend != (d.cuda ? "cuda" : "cpu"))
+    throw std::invalid_argument("backend '" + backend + "': expected 'auto', 'aten' or '" +
+                                (d.cuda ? "cuda" : "cpu") + "' for device '" + device + "'");
+  if (!d.cuda) return backend == "aten" ? make_aten_backend(at::Device(at::kCPU)) : make_cpu_backend();
+  if (const std::string why = device_problem(device); !why.empty()) throw std::invalid_argument(why);
+  const at::Device dev(at::kCUDA, static_cast<at::DeviceIndex>(d.index));
+  if (backend == "aten") return make_aten_backend(dev);
+  auto cuda = make_cuda_backend(dev, options);
+  if (!cuda)
+    throw std::invalid_argument("device '" + device + "': this build of ssd has no CUDA backend (it was built "
+                                "without CUDA: reinstall with a CUDA torch and nvcc, SSD_CUDA=on)");
+  return cuda;
+}
+
+std::vector<std::string> available_backends() {
+  std::vector<std::string> names = {"cpu", "aten"};
+  if (cuda_backend_built()) names.push_back("cuda");
+  return names;
+}
+
+}  // namespace ssd::model

@@ -1,0 +1,138 @@
+// The device operations the model forward is written over. model.cpp holds the
+// one forward (layer sequence, batching, positions, KV bookkeeping, logit
+// rows); a Backend holds the weights in its own layout and runs each step on
+// its device. Implementations:
+//   cpu  — the kernels of kernels/cpu (the oracle every other backend is
+//          tested against);
+//   aten — a reference over ATen ops on any device, row by row so that it is
+//          batch-invariant by construction (slow; proves the interface);
+//   cuda — the aten backend with its hot steps (linear, rms_norm, paged
+//          attention) replaced by the kernels of kernels/cuda (SSD_WITH_CUDA).
+//
+// Shapes: T tokens of the batch, h hidden size, d head dim, Hq / Hkv heads,
+// W = (Hq + 2 Hkv) d the fused qkv width. Activations are fp32 tensors on the
+// backend's device; `x` views may have any row stride with contiguous rows.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../kernels/cpu/thread_pool.h"
+
+namespace ssd::model {
+
+class KvCache;
+
+/// Tokens of several sequences flattened into one batch (host memory).
+struct ForwardInput {
+  std::vector<int32_t> tokens;        ///< [T]
+  std::vector<int32_t> positions;     ///< [T] position of each token in its sequence
+  std::vector<int32_t> seq_of_token;  ///< [T] index into block_tables
+  std::vector<int32_t> block_tables;  ///< [num_seqs, max_blocks], row-major
+  int64_t max_blocks = 0;
+  std::vector<int32_t> logit_rows;    ///< rows of the batch whose logits are wanted
+  /// > 0: matrix products over at least this many rows may use a faster,
+  /// not exact, path (the cpu backend's bf16 pair kernels: AVX512-BF16, 16
+  /// rows cost little more than one). Only the draft uses it, for its tree;
+  /// exactness never depends on the draft's numerics. Backends without such
+  /// a path ignore it.
+  int64_t matmul_min_rows = 0;
+};
+
+/// A weight matrix [n, k] in the backend's layout.
+struct Matrix {
+  at::Tensor data;
+  int64_t n = 0, k = 0;
+};
+
+/// One forward's index arrays on the device, uploaded once per forward.
+struct DeviceBatch {
+  const ForwardInput* host = nullptr;
+  at::Tensor tokens, positions, seq_of_token, block_tables, logit_rows;  ///< int32 (see ForwardInput)
+};
+
+/// What a step may use besides its tensors: the caller's CPU thread pool (the
+/// cpu backend) and the forward's options.
+struct StepContext {
+  kernels::ThreadPool& pool;
+  int64_t matmul_min_rows = 0;
+};
+
+/// Options of a backend, fixed at model construction.
+struct BackendOptions {
+  /// false: the fastest stock matrix products (cuBLAS), whose reduction order
+  /// depends on the batch shape, so greedy sd is no longer token-identical to
+  /// ar. The cpu and aten backends are always batch-invariant.
+  bool batch_invariant = true;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  /// "cpu", "aten" or "cuda".
+  virtual std::string name() const = 0;
+  virtual at::Device device() const = 0;
+
+  // ---- weights (dense inputs are host or device tensors, any float dtype)
+  /// dense [n, k] -> this backend's layout, stored in `dtype` (kFloat / kBFloat16).
+  virtual Matrix matrix(const at::Tensor& dense, at::ScalarType dtype) const = 0;
+  /// Norm weights and biases: fp32, contiguous, on the device.
+  virtual at::Tensor vector(const at::Tensor& v) const;
+  /// The embedding table [vocab, h] in `dtype`, on the device.
+  virtual at::Tensor embedding(const at::Tensor& table, at::ScalarType dtype) const;
+  /// A zeroed fp32 KV store of `sizes` on the device.
+  virtual at::Tensor kv_storage(const std::vector<int64_t>& sizes) const;
+
+  // ---- one forward
+  /// Held for the whole forward (the cuda backend: its device and stream,
+  /// ordered after the caller's stream on entry and before it on exit).
+  virtual std::shared_ptr<void> forward_scope() const { return nullptr; }
+  /// Waits for the backend's queued work (tests of single steps).
+  virtual void synchronize() const {}
+  virtual DeviceBatch upload(const ForwardInput& in) const;
+  /// [T, h] fp32 rows of the embedding table.
+  virtual at::Tensor embed(const at::Tensor& table, const DeviceBatch& b) const = 0;
+  /// out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w over the last dim; x, out:
+  /// [rows, n] or [T, heads, n] (out may alias x).
+  virtual void rms_norm(const at::Tensor& x, const at::Tensor& w, float eps, const at::Tensor& out,
+                        StepContext& ctx) const = 0;
+  /// y [m, n] = x [m, k] @ w^T + bias (bias may be undefined).
+  virtual at::Tensor linear(const at::Tensor& x, const Matrix& w, const at::Tensor& bias,
+                            StepContext& ctx) const = 0;
+  /// Rotary embedding in place on q [T, Hq, d] and k [T, Hkv, d] (views of
+  /// the qkv rows), then k and v [T, Hkv, d] written to their cache slots.
+  virtual void rope_kv_write(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const at::Tensor& inv_freq, KvCache& cache, int64_t layer,
+                             const DeviceBatch& b, StepContext& ctx) const = 0;
+  /// Causal attention of q [T, Hq, d] over the layer's paged cache -> [T, Hq * d].
+  virtual at::Tensor paged_attention(const at::Tensor& q, KvCache& cache, int64_t layer,
+                                     const DeviceBatch& b, float scale, StepContext& ctx) const = 0;
+  /// gu [T, 2f] -> silu(gu[:, :f]) * gu[:, f:], [T, f].
+  virtual at::Tensor silu_mul(const at::Tensor& gu) const = 0;
+  /// x += y (the residual stream).
+  virtual void add(const at::Tensor& x, const at::Tensor& y) const = 0;
+  /// x [T, h] -> rows b.logit_rows, [rows, h].
+  virtual at::Tensor gather_rows(const at::Tensor& x, const DeviceBatch& b) const;
+  /// The logits the runtime reads: fp32 on the host.
+  virtual at::Tensor to_host(const at::Tensor& logits) const;
+};
+
+/// The backend for a device ("cpu", "cuda", "cuda:N") and a backend name
+/// ("auto": the native one of that device, or "aten"). Throws
+/// std::invalid_argument naming the device when it is unknown, or when this
+/// build or this machine cannot run it.
+std::unique_ptr<Backend> make_backend(const std::string& device, const std::string& backend,
+                                      const BackendOptions& options);
+
+/// Checks a device string without building anything: "" when the device is
+/// usable, else why not (the message names the device).
+std::string device_problem(const std::string& device);
+
+/// The backend names this build can run on this machine.
+std::vector<std::string> available_backends();
+
+}  // namespace ssd::model

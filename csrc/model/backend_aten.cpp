@@ -1,0 +1,125 @@
+#include "backend_aten.h"
+
+#include <ATen/ATen.h>
+
+#include "kv_cache.h"
+
+namespace ssd::model {
+
+Matrix AtenBackend::matrix(const at::Tensor& dense, at::ScalarType dtype) const {
+  Matrix m;
+  m.n = dense.size(0);
+  m.k = dense.size(1);
+  m.data = dense.to(device_, dtype).to(at::kFloat).contiguous();
+  return m;
+}
+
+at::Tensor AtenBackend::embed(const at::Tensor& table, const DeviceBatch& b) const {
+  return table.index_select(0, b.tokens).to(at::kFloat);
+}
+
+void AtenBackend::rms_norm(const at::Tensor& x, const at::Tensor& w, float eps, const at::Tensor& out,
+                           StepContext&) const {
+  const int64_t n = x.size(-1);
+  const at::Tensor rows = x.reshape({-1, n});
+  at::Tensor result = at::empty_like(rows, at::MemoryFormat::Contiguous);
+  for (int64_t r = 0; r < rows.size(0); ++r) {
+    const at::Tensor row = rows[r];
+    const at::Tensor inv = at::reciprocal(at::sqrt(row.mul(row).sum() / static_cast<double>(n) + eps));
+    result[r].copy_(w * (row * inv));
+  }
+  out.copy_(result.view(out.sizes()));
+}
+
+at::Tensor AtenBackend::linear(const at::Tensor& x, const Matrix& w, const at::Tensor& bias, StepContext&) const {
+  const int64_t m = x.size(0);
+  at::Tensor y = at::empty({m, w.n}, x.options());
+  for (int64_t r = 0; r < m; ++r) {
+    at::Tensor out = y[r];
+    at::mv_out(out, w.data, x[r]);
+  }
+  if (bias.defined()) y.add_(bias);
+  return y;
+}
+
+at::Tensor AtenBackend::token_slots(const KvCache& cache, const DeviceBatch& b) const {
+  const int64_t bs = cache.block_size();
+  const at::Tensor pos = b.positions.to(at::kLong);
+  const at::Tensor index = b.seq_of_token.to(at::kLong) * b.host->max_blocks + at::floor_divide(pos, bs);
+  return b.block_tables.index_select(0, index).to(at::kLong) * bs + at::remainder(pos, bs);
+}
+
+namespace {
+
+// Rotate-half rotary embedding of x [T, H, d] (a view, changed in place) by
+// angles positions [T] x inv_freq [d / 2].
+void rotate(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& inv_freq) {
+  const int64_t half = x.size(2) / 2;
+  const at::Tensor angle = (positions.to(at::kFloat).unsqueeze(1) * inv_freq.unsqueeze(0)).unsqueeze(1);
+  const at::Tensor c = at::cos(angle), s = at::sin(angle);
+  const at::Tensor a = x.narrow(2, 0, half), b = x.narrow(2, half, half);
+  const at::Tensor first = a * c - b * s;
+  const at::Tensor second = b * c + a * s;
+  a.copy_(first);
+  b.copy_(second);
+}
+
+}  // namespace
+
+void AtenBackend::rope_kv_write(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const at::Tensor& inv_freq, KvCache& cache, int64_t layer, const DeviceBatch& b,
+                                StepContext&) const {
+  if (row_by_row_) {
+    for (int64_t t = 0; t < q.size(0); ++t) {
+      const at::Tensor pos = b.positions.narrow(0, t, 1);
+      rotate(q.narrow(0, t, 1), pos, inv_freq);
+      rotate(k.narrow(0, t, 1), pos, inv_freq);
+    }
+  } else {
+    rotate(q, b.positions, inv_freq);
+    rotate(k, b.positions, inv_freq);
+  }
+  const at::Tensor slots = token_slots(cache, b);
+  const at::Tensor kv = cache.storage()[layer];  // [2, blocks, block_size, Hkv, d]
+  kv[0].view({-1, k.size(1), k.size(2)}).index_copy_(0, slots, k);
+  kv[1].view({-1, v.size(1), v.size(2)}).index_copy_(0, slots, v);
+}
+
+// Query by query: each one's scores, softmax and sum have shapes that depend
+// only on its position, never on the batch.
+at::Tensor AtenBackend::paged_attention(const at::Tensor& q, KvCache& cache, int64_t layer, const DeviceBatch& b,
+                                        float scale, StepContext&) const {
+  const ForwardInput& in = *b.host;
+  const int64_t t_count = q.size(0), hq = q.size(1), d = q.size(2);
+  const at::Tensor kv = cache.storage()[layer];
+  const int64_t hkv = kv.size(3), bs = cache.block_size();
+  const at::Tensor keys = kv[0].view({-1, hkv, d}), values = kv[1].view({-1, hkv, d});
+  const at::Tensor tables = b.block_tables.view({-1, in.max_blocks}).to(at::kLong);
+  at::Tensor out = at::empty({t_count, hq * d}, q.options());
+  for (int64_t t = 0; t < t_count; ++t) {
+    const int64_t len = in.positions[t] + 1;
+    const at::Tensor pos = at::arange(len, tables.options());
+    const at::Tensor slots = tables[in.seq_of_token[t]].index_select(0, at::floor_divide(pos, bs)) * bs +
+                             at::remainder(pos, bs);
+    const at::Tensor k = keys.index_select(0, slots).permute({1, 2, 0});  // [Hkv, d, len]
+    const at::Tensor v = values.index_select(0, slots).permute({1, 0, 2});  // [Hkv, len, d]
+    const at::Tensor qg = q[t].reshape({hkv, hq / hkv, d});
+    const at::Tensor probs = at::softmax(at::matmul(qg, k) * scale, -1);
+    out[t].copy_(at::matmul(probs, v).reshape({hq * d}));
+  }
+  return out;
+}
+
+at::Tensor AtenBackend::silu_mul(const at::Tensor& gu) const {
+  const int64_t f = gu.size(1) / 2;
+  if (!row_by_row_) return at::silu(gu.narrow(1, 0, f)) * gu.narrow(1, f, f);
+  at::Tensor out = at::empty({gu.size(0), f}, gu.options());
+  for (int64_t r = 0; r < gu.size(0); ++r) out[r].copy_(at::silu(gu[r].narrow(0, 0, f)) * gu[r].narrow(0, f, f));
+  return out;
+}
+
+void AtenBackend::add(const at::Tensor& x, const at::Tensor& y) const { x.add_(y); }
+
+std::unique_ptr<Backend> make_aten_backend(at::Device device) { return std::make_unique<AtenBackend>(device); }
+
+}  // namespace ssd::model

