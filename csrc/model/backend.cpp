@@ -37,10 +37,12 @@ DeviceBatch Backend::upload(const ForwardInput& in) const {
                                                           &in.block_tables, &in.logit_rows};
   int64_t total = 0;
   for (const auto* p : parts) total += static_cast<int64_t>(p->size());
-  at::Tensor host = at::empty({total}, at::kInt);
+  // Pinned on a GPU backend, so the copy is asynchronous (no sync in a forward).
+  const bool cpu = device().is_cpu();
+  at::Tensor host = at::empty({total}, at::TensorOptions().dtype(at::kInt).pinned_memory(!cpu));
   int32_t* dst = host.data_ptr<int32_t>();
   for (const auto* p : parts) dst = std::copy(p->begin(), p->end(), dst);
-  const at::Tensor dev = device().is_cpu() ? host : host.to(device());
+  const at::Tensor dev = cpu ? host : host.to(device(), at::kInt, /*non_blocking=*/true);
   std::vector<at::Tensor> views;
   int64_t offset = 0;
   for (const auto* p : parts) {

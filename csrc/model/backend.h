@@ -53,6 +53,10 @@ struct Matrix {
 struct DeviceBatch {
   const ForwardInput* host = nullptr;
   at::Tensor tokens, positions, seq_of_token, block_tables, logit_rows;  ///< int32 (see ForwardInput)
+  /// The same in every layer, so computed once per forward by the steps that
+  /// need them (the aten-based ones): each token's cache slot [T] int64 and
+  /// its rotary cos / sin [T, 1, d / 2].
+  mutable at::Tensor slots, rope_cos, rope_sin;
 };
 
 /// What a step may use besides its tensors: the caller's CPU thread pool (the

@@ -2,6 +2,9 @@
 
 #include <ATen/ATen.h>
 
+#include <tuple>
+#include <utility>
+
 #include "kv_cache.h"
 
 namespace ssd::model {
@@ -51,12 +54,15 @@ at::Tensor AtenBackend::token_slots(const KvCache& cache, const DeviceBatch& b) 
 
 namespace {
 
-// Rotate-half rotary embedding of x [T, H, d] (a view, changed in place) by
-// angles positions [T] x inv_freq [d / 2].
-void rotate(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& inv_freq) {
-  const int64_t half = x.size(2) / 2;
+// Rotary angles positions [T] x inv_freq [d / 2] -> (cos, sin), [T, 1, d / 2].
+std::pair<at::Tensor, at::Tensor> rotary(const at::Tensor& positions, const at::Tensor& inv_freq) {
   const at::Tensor angle = (positions.to(at::kFloat).unsqueeze(1) * inv_freq.unsqueeze(0)).unsqueeze(1);
-  const at::Tensor c = at::cos(angle), s = at::sin(angle);
+  return {at::cos(angle), at::sin(angle)};
+}
+
+// Rotate-half rotary embedding of x [T, H, d] (a view, changed in place).
+void rotate(const at::Tensor& x, const at::Tensor& c, const at::Tensor& s) {
+  const int64_t half = x.size(2) / 2;
   const at::Tensor a = x.narrow(2, 0, half), b = x.narrow(2, half, half);
   const at::Tensor first = a * c - b * s;
   const at::Tensor second = b * c + a * s;
@@ -71,18 +77,19 @@ void AtenBackend::rope_kv_write(const at::Tensor& q, const at::Tensor& k, const 
                                 StepContext&) const {
   if (row_by_row_) {
     for (int64_t t = 0; t < q.size(0); ++t) {
-      const at::Tensor pos = b.positions.narrow(0, t, 1);
-      rotate(q.narrow(0, t, 1), pos, inv_freq);
-      rotate(k.narrow(0, t, 1), pos, inv_freq);
+      const auto [c, s] = rotary(b.positions.narrow(0, t, 1), inv_freq);
+      rotate(q.narrow(0, t, 1), c, s);
+      rotate(k.narrow(0, t, 1), c, s);
     }
   } else {
-    rotate(q, b.positions, inv_freq);
-    rotate(k, b.positions, inv_freq);
+    if (!b.rope_cos.defined()) std::tie(b.rope_cos, b.rope_sin) = rotary(b.positions, inv_freq);
+    rotate(q, b.rope_cos, b.rope_sin);
+    rotate(k, b.rope_cos, b.rope_sin);
   }
-  const at::Tensor slots = token_slots(cache, b);
+  if (!b.slots.defined()) b.slots = token_slots(cache, b);
   const at::Tensor kv = cache.storage()[layer];  // [2, blocks, block_size, Hkv, d]
-  kv[0].view({-1, k.size(1), k.size(2)}).index_copy_(0, slots, k);
-  kv[1].view({-1, v.size(1), v.size(2)}).index_copy_(0, slots, v);
+  kv[0].view({-1, k.size(1), k.size(2)}).index_copy_(0, b.slots, k);
+  kv[1].view({-1, v.size(1), v.size(2)}).index_copy_(0, b.slots, v);
 }
 
 // Query by query: each one's scores, softmax and sum have shapes that depend

@@ -5,7 +5,9 @@
 // it is the second implementation of the interface, beside the cpu kernels.
 // On CUDA the elementwise steps run over the whole batch (a CUDA elementwise
 // kernel computes every element with the same code) and the cuda backend
-// derives from it, replacing the steps that reduce.
+// derives from it, replacing the steps that reduce. The aten backend itself on
+// CUDA is a reference only: ATen's CUDA reductions may pick their order by a
+// row's alignment, so it is not promised to be batch-invariant there.
 #pragma once
 
 #include "backend.h"

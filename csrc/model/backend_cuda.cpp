@@ -61,10 +61,15 @@ class CudaBackend final : public AtenBackend {
         queued.block(stream_);
         c10::cuda::setCurrentCUDAStream(stream_);
       }
+      // Runs while a CUDA error unwinds the forward, so it must not throw:
+      // the raw calls, their errors left to the exception already in flight.
       ~Scope() {
-        at::cuda::CUDAEvent done;
-        done.record(stream_);
-        done.block(caller_);
+        cudaEvent_t done = nullptr;
+        if (cudaEventCreateWithFlags(&done, cudaEventDisableTiming) == cudaSuccess) {
+          (void)cudaEventRecord(done, stream_.stream());
+          (void)cudaStreamWaitEvent(caller_.stream(), done, 0);
+          (void)cudaEventDestroy(done);
+        }
         c10::cuda::setCurrentCUDAStream(caller_);
       }
 

@@ -105,12 +105,30 @@ Model::Model(const ModelConfig& config, const WeightMap& w, const ModelPlacement
   inv_freq_ = be.vector(at::tensor(inv, at::kFloat));
 }
 
-void Model::check(const ForwardInput& in) const {
+// The kernels (and ATen's indexing on a GPU) trust the index arrays; a bad
+// one is a host-side error here, never a device fault.
+void Model::check(const ForwardInput& in, const KvCache& cache) const {
   const auto t = static_cast<int64_t>(in.tokens.size());
-  for (const int32_t id : in.tokens)
+  if (static_cast<int64_t>(in.positions.size()) != t || static_cast<int64_t>(in.seq_of_token.size()) != t)
+    throw std::invalid_argument("forward: tokens, positions and seq_of_token differ in length");
+  const int64_t seqs = in.max_blocks > 0 ? static_cast<int64_t>(in.block_tables.size()) / in.max_blocks : 0;
+  if (in.max_blocks < 0 || seqs * in.max_blocks != static_cast<int64_t>(in.block_tables.size()))
+    throw std::invalid_argument("forward: block_tables is not [num_seqs, max_blocks]");
+  for (int64_t i = 0; i < t; ++i) {
+    const int32_t id = in.tokens[i];
     if (id < 0 || id >= config_.vocab_size)
       throw std::invalid_argument("token id " + std::to_string(id) + " is outside the vocabulary (size " +
                                   std::to_string(config_.vocab_size) + ")");
+    const int64_t seq = in.seq_of_token[i], pos = in.positions[i];
+    const int64_t entry = pos / cache.block_size();
+    if (seq < 0 || seq >= seqs || pos < 0 || entry >= in.max_blocks)
+      throw std::invalid_argument("forward: token " + std::to_string(i) + " (sequence " + std::to_string(seq) +
+                                  ", position " + std::to_string(pos) + ") has no block-table entry");
+    const int32_t block = in.block_tables[seq * in.max_blocks + entry];
+    if (block < 0 || block >= cache.num_blocks())
+      throw std::invalid_argument("forward: block id " + std::to_string(block) + " is outside the KV cache (" +
+                                  std::to_string(cache.num_blocks()) + " blocks)");
+  }
   for (const int32_t row : in.logit_rows)
     if (row < 0 || row >= t) throw std::invalid_argument("logit row out of range");
 }
@@ -148,7 +166,7 @@ void Model::mlp_block(const Layer& l, const at::Tensor& x, StepContext& ctx) con
 at::Tensor Model::forward(const ForwardInput& in, KvCache& cache, kernels::ThreadPool& pool) const {
   const auto& c = config_;
   const Backend& be = *backend_;
-  check(in);
+  check(in, cache);
   const auto rows = static_cast<int64_t>(in.logit_rows.size());
   if (in.tokens.empty()) return at::empty({rows, c.vocab_size}, at::kFloat);
   const auto scope = be.forward_scope();

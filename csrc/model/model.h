@@ -53,7 +53,7 @@ class Model {
     Matrix qkv, o, gate_up, down;
   };
 
-  void check(const ForwardInput& input) const;
+  void check(const ForwardInput& input, const KvCache& cache) const;
   void attention_block(const Layer& layer, int64_t index, const DeviceBatch& batch, KvCache& cache,
                        const at::Tensor& x, StepContext& ctx) const;
   void mlp_block(const Layer& layer, const at::Tensor& x, StepContext& ctx) const;

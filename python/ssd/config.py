@@ -76,7 +76,8 @@ class EngineConfig:
     naming it. batch_invariant: True (the default) keeps every row's logits
     bitwise independent of the batch on CUDA too, which is what makes greedy
     sd token-identical to ar; False lets the CUDA backend use stock cuBLAS
-    products, faster and not token-identical. The CPU is always invariant.
+    products (on bf16 activations for bf16 weights), faster and not
+    token-identical. The CPU is always invariant.
     """
 
     mode: str = "ar"

@@ -33,6 +33,9 @@ TINY_SPECS = {
     "llama-gqa4-tied": TinySpec(arch="llama", hidden_size=80, intermediate_size=112, num_heads=8,
                                 num_kv_heads=2, vocab_size=260, tie_word_embeddings=True,
                                 llama3_rope=True, attention_bias=True, num_layers=2, seed=32),
+    # head_dim 64: the cuda backend's own attention kernel (the others take its fallback)
+    "qwen3-hd64": TinySpec(arch="qwen3", hidden_size=128, intermediate_size=160, num_heads=2,
+                           num_kv_heads=1, head_dim=64, vocab_size=300, num_layers=2, seed=33),
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SEQ_LENGTHS = [2, 5, 9, 16, 17, 23, 33, 41]  # 8 sequences, around block edges

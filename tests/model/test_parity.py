@@ -33,6 +33,10 @@ SPECS = [
              llama3_rope=True, seed=22),
     TinySpec(arch="qwen3", hidden_size=72, num_heads=8, num_kv_heads=2, head_dim=12,
              vocab_size=300, attention_bias=True, rope_theta=1000000.0, seed=23),
+    # head_dim 64 and 128: the shapes the cuda backend's own attention kernel takes
+    TinySpec(arch="qwen3", hidden_size=128, num_heads=2, num_kv_heads=1, head_dim=64, seed=24),
+    TinySpec(arch="llama", hidden_size=128, num_heads=2, num_kv_heads=1, head_dim=128, llama3_rope=True,
+             seed=14),
 ]
 
 

@@ -86,9 +86,9 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(LinearParams p) {
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], offset);
   if (lane == 0) {
-    for (int r = 0; r < rows; ++r) {
-      const float v = p.bias != nullptr ? acc[r] + p.bias[col] : acc[r];
-      p.y[(row0 + r) * p.ldy + col] = v;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {  // a compile-time bound keeps acc[] in registers
+      if (r < rows) p.y[(row0 + r) * p.ldy + col] = p.bias != nullptr ? acc[r] + p.bias[col] : acc[r];
     }
   }
 }
