@@ -11,6 +11,7 @@
 #include "../kernels/cpu/ops.h"
 #include "../kernels/cpu/sampling.h"
 #include "../model/backend.h"
+#include "../model/kv_cache.h"
 #include "../model/json.h"
 #include "../model/safetensors.h"
 #include "../runtime/fanout.h"
@@ -257,6 +258,47 @@ class BackendSteps {
     });
   }
 
+  /// One layer's attention on a fresh cache of num_blocks x block_size slots:
+  /// rope on q and k (views of the fused rows qkv [T, (Hq + 2 Hkv) d]), k and v
+  /// written to their slots, then causal paged attention. Returns (out
+  /// [T, Hq d], the rotated qkv, the cache [2, num_blocks, block_size, Hkv, d]).
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> attention(const at::Tensor& qkv, int64_t num_heads,
+                                                           int64_t num_kv_heads, const at::Tensor& inv_freq,
+                                                           const std::vector<int32_t>& positions,
+                                                           const std::vector<int32_t>& seq_of_token,
+                                                           const std::vector<std::vector<int32_t>>& tables,
+                                                           int64_t num_blocks, int64_t block_size) {
+    const int64_t d = inv_freq.numel() * 2;
+    if (qkv.dim() != 2 || qkv.size(1) != (num_heads + 2 * num_kv_heads) * d || num_heads % num_kv_heads != 0)
+      throw std::invalid_argument("attention: qkv must be [T, (num_heads + 2 num_kv_heads) head_dim]");
+    ModelConfig config;
+    config.num_layers = 1;
+    config.num_kv_heads = num_kv_heads;
+    config.head_dim = d;
+    model::KvCache cache(config, num_blocks, block_size, *backend_);
+    model::ForwardInput in;
+    in.positions = positions;
+    in.seq_of_token = seq_of_token;
+    in.tokens.assign(positions.size(), 0);
+    for (const auto& row : tables) in.max_blocks = std::max<int64_t>(in.max_blocks, static_cast<int64_t>(row.size()));
+    in.block_tables.assign(tables.size() * static_cast<size_t>(in.max_blocks), 0);
+    for (size_t s = 0; s < tables.size(); ++s)
+      std::copy(tables[s].begin(), tables[s].end(), in.block_tables.begin() + static_cast<int64_t>(s) * in.max_blocks);
+    const int64_t t = qkv.size(0);
+    if (static_cast<int64_t>(positions.size()) != t || static_cast<int64_t>(seq_of_token.size()) != t)
+      throw std::invalid_argument("attention: one position and one sequence index per row of qkv");
+    const at::Tensor rows = on_device(qkv).clone(), freq = backend_->vector(inv_freq);
+    const at::Tensor out = step([&](model::StepContext& ctx) {
+      const model::DeviceBatch b = backend_->upload(in);
+      const at::Tensor q = rows.narrow(1, 0, num_heads * d).view({t, num_heads, d});
+      const at::Tensor k = rows.narrow(1, num_heads * d, num_kv_heads * d).view({t, num_kv_heads, d});
+      const at::Tensor v = rows.narrow(1, (num_heads + num_kv_heads) * d, num_kv_heads * d).view({t, num_kv_heads, d});
+      backend_->rope_kv_write(q, k, v, freq, cache, 0, b, ctx);
+      return backend_->paged_attention(q, cache, 0, b, 1.0f / std::sqrt(static_cast<float>(d)), ctx);
+    });
+    return {out, rows, cache.storage()[0]};
+  }
+
   at::Tensor silu_mul(const at::Tensor& gu) {
     const at::Tensor in = on_device(gu);
     return step([&](model::StepContext&) { return backend_->silu_mul(in); });
@@ -298,7 +340,11 @@ void bind_backend_steps(py::module_& m) {
            py::arg("bf16") = false, py::arg("matmul_min_rows") = 0,
            "y [m, n] = x [m, k] @ weight [n, k]^T + bias, the weight stored in bf16 or fp32.")
       .def("rms_norm", &BackendSteps::rms_norm, py::arg("x"), py::arg("weight"), py::arg("eps"))
-      .def("silu_mul", &BackendSteps::silu_mul, py::arg("gu"));
+      .def("silu_mul", &BackendSteps::silu_mul, py::arg("gu"))
+      .def("attention", &BackendSteps::attention, py::arg("qkv"), py::arg("num_heads"), py::arg("num_kv_heads"),
+           py::arg("inv_freq"), py::arg("positions"), py::arg("seq_of_token"), py::arg("block_tables"),
+           py::arg("num_blocks"), py::arg("block_size"),
+           "rope_kv_write then paged_attention on a fresh one-layer cache: (out, rotated qkv, cache).");
 }
 
 }  // namespace

@@ -85,3 +85,33 @@ def test_unknown_device_and_backend_are_refused():
         _C.testing.BackendSteps("tpu")
     with pytest.raises(ValueError, match="backend 'cuda': expected 'auto', 'aten' or 'cpu' for device 'cpu'"):
         _C.testing.BackendSteps("cpu", "cuda")
+
+
+ATTENTION_HEAD_DIMS = [16, 64]  # 64: the cuda backend's own kernel; 16: its fallback
+
+
+@pytest.mark.parametrize("head_dim", ATTENTION_HEAD_DIMS)
+def test_rope_kv_write_and_paged_attention_match_cpu(other, oracle, head_dim):
+    """Two sequences prefilled in one call over scattered blocks: the rotated q/k,
+    the cache slots and the attention output agree with the cpu backend, and
+    every token's k row sits in the slot its block table names."""
+    hq, hkv, bs = 4, 2, 4
+    positions = list(range(5)) + list(range(7))
+    seqs = [0] * 5 + [1] * 7
+    tables = [[3, 0], [1, 4]]
+    qkv = _data(len(positions), (hq + 2 * hkv) * head_dim, seed=10)
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    args = (hq, hkv, inv_freq, positions, seqs, tables, 5, bs)
+    want_out, want_qkv, want_cache = oracle.attention(qkv, *args)
+    out, rotated, cache = (t.cpu() for t in other.attention(qkv, *args))
+    torch.testing.assert_close(rotated, want_qkv, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cache, want_cache, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-5)
+    keys = cache[0].reshape(-1, hkv, head_dim)
+    k_rows = rotated[:, hq * head_dim:(hq + hkv) * head_dim].reshape(-1, hkv, head_dim)
+    for t, (pos, s) in enumerate(zip(positions, seqs)):
+        slot = tables[s][pos // bs] * bs + pos % bs
+        assert torch.equal(keys[slot], k_rows[t]), f"token {t}: k not in slot {slot}"
+    # Position 0 attends only to itself: its output is its own v.
+    v0 = rotated[0, (hq + hkv) * head_dim:].reshape(hkv, head_dim)
+    torch.testing.assert_close(out[0].reshape(hkv, hq // hkv, head_dim), v0[:, None].expand(-1, hq // hkv, -1))
