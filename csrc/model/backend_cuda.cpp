@@ -1,6 +1,7 @@
 // The cuda backend: the aten backend's elementwise steps over the whole batch,
 // and own kernels where the reduction order decides batch invariance
-// (kernels/cuda: linear, rms_norm, paged_attention). Weights and the KV cache
+// (kernels/cuda: linear, rms_norm, paged_attention) or where one kernel
+// replaces a dozen small launches (rope_kv_write). Weights and the KV cache
 // live on the device; each model runs on its own stream; a forward crosses to
 // the host only for its index arrays (one copy in) and its logit rows (one
 // copy out).
@@ -22,6 +23,7 @@
 #include "../kernels/cuda/linear.h"
 #include "../kernels/cuda/paged_attention.h"
 #include "../kernels/cuda/rms_norm.h"
+#include "../kernels/cuda/rope_kv_write.h"
 #include "backend_aten.h"
 #include "kv_cache.h"
 
@@ -125,6 +127,35 @@ class CudaBackend final : public AtenBackend {
     p.k = w.k;
     check_launch(kernels::cuda::linear(p, stream()), "linear");
     return y;
+  }
+
+  // One kernel when q, k and v are the three parts of fused qkv rows (the
+  // forward's layout); otherwise the aten steps.
+  void rope_kv_write(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& inv_freq,
+                     KvCache& cache, int64_t layer, const DeviceBatch& b, StepContext& ctx) const override {
+    const int64_t d = q.size(2), ld = q.stride(0);
+    float* base = q.data_ptr<float>();
+    const bool fused = k.stride(0) == ld && v.stride(0) == ld && q.stride(1) == d && k.stride(1) == d &&
+                       v.stride(1) == d && k.data_ptr<float>() == base + q.size(1) * d &&
+                       v.data_ptr<float>() == k.data_ptr<float>() + k.size(1) * d;
+    if (!fused) return AtenBackend::rope_kv_write(q, k, v, inv_freq, cache, layer, b, ctx);
+    const kernels::PagedKv kv = cache.layer(layer);
+    kernels::cuda::RopeKvWriteParams p;
+    p.qkv = base;
+    p.ld = ld;
+    p.num_tokens = q.size(0);
+    p.num_heads = q.size(1);
+    p.num_kv_heads = k.size(1);
+    p.head_dim = d;
+    p.inv_freq = inv_freq.data_ptr<float>();
+    p.positions = b.positions.data_ptr<int32_t>();
+    p.seq_of_token = b.seq_of_token.data_ptr<int32_t>();
+    p.block_tables = b.block_tables.data_ptr<int32_t>();
+    p.max_blocks = b.host->max_blocks;
+    p.block_size = kv.block_size;
+    p.k_cache = kv.k;
+    p.v_cache = kv.v;
+    check_launch(kernels::cuda::rope_kv_write(p, stream()), "rope_kv_write");
   }
 
   at::Tensor paged_attention(const at::Tensor& q, KvCache& cache, int64_t layer, const DeviceBatch& b, float scale,
