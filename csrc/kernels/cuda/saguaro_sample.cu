@@ -141,8 +141,6 @@ constexpr int kBins = kMassBins;
 // the tokens tied at the chosen value, which all have the same mass.
 __device__ uint64_t top_p_cut(const Row& row, uint64_t kept, float max_z, double top_p) {
   __shared__ double partial[32][kBins];
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
   const int warps = static_cast<int>(blockDim.x >> 5);
   const double target = top_p * block_sum(row.vocab, [&](int64_t i) {
     return row.key(i) >= kept ? row.weight(i, max_z) : 0.0;
@@ -162,18 +160,8 @@ __device__ uint64_t top_p_cut(const Row& row, uint64_t kept, float max_z, double
 #pragma unroll
       for (int d = 0; d < kBins; ++d) acc[d] += digit == static_cast<uint32_t>(d) ? w : 0.0;
     }
-#pragma unroll
-    for (int d = 0; d < kBins; ++d)
-      for (int offset = 16; offset > 0; offset >>= 1) acc[d] += __shfl_xor_sync(0xffffffffu, acc[d], offset);
-    if (lane == 0)
-      for (int d = 0; d < kBins; ++d) partial[warp][d] = acc[d];
-    __syncthreads();
     double bins[kBins];
-    for (int d = 0; d < kBins; ++d) {
-      bins[d] = partial[0][d];
-      for (int w = 1; w < warps; ++w) bins[d] += partial[w][d];
-    }
-    __syncthreads();
+    sum_digit_masses(acc, partial, warps, bins);
     value |= static_cast<uint32_t>(choose_digit(bins, above, target)) << shift;
   }
   // The tied tokens rank by id; m of them close the prefix.

@@ -271,8 +271,6 @@ __device__ int64_t nth_tie(const Row& row, uint32_t order, uint64_t prev, int64_
 template <bool kMass>
 __device__ uint64_t select_cut(const Row& row, uint64_t prev, double target) {
   __shared__ double partial[kWarps][kBins];
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
   uint32_t prefix = 0;
   double above = 0.0;
   for (int shift = 32 - kDigitBits; shift >= 0; shift -= kDigitBits) {
@@ -288,17 +286,8 @@ __device__ uint64_t select_cut(const Row& row, uint64_t prev, double target) {
 #pragma unroll
       for (int d = 0; d < kBins; ++d) acc[d] += digit == static_cast<uint32_t>(d) ? w : 0.0;
     }
-#pragma unroll
-    for (int d = 0; d < kBins; ++d) acc[d] = warp_reduce(acc[d], Add{});
-    if (lane == 0)
-      for (int d = 0; d < kBins; ++d) partial[warp][d] = acc[d];
-    __syncthreads();
     double bins[kBins];
-    for (int d = 0; d < kBins; ++d) {
-      bins[d] = partial[0][d];
-      for (int w = 1; w < kWarps; ++w) bins[d] += partial[w][d];
-    }
-    __syncthreads();
+    sum_digit_masses(acc, partial, kWarps, bins);
     prefix |= static_cast<uint32_t>(choose_digit(bins, above, target)) << shift;
   }
   // Tokens sharing the crossing float have equal weight; they rank by id.
