@@ -93,6 +93,11 @@ bad:
 
 }  // namespace
 
+std::string canonical_device(const std::string& device) {
+  const ParsedDevice d = parse_device(device);
+  return d.cuda ? "cuda:" + std::to_string(d.index) : "cpu";
+}
+
 std::string device_problem(const std::string& device) {
   ParsedDevice d;
   try {

@@ -132,6 +132,10 @@ class Backend {
 std::unique_ptr<Backend> make_backend(const std::string& device, const std::string& backend,
                                       const BackendOptions& options);
 
+/// "cpu" or "cuda:N" for a valid device string (throws std::invalid_argument
+/// otherwise): the form Model::device() reports.
+std::string canonical_device(const std::string& device);
+
 /// Checks a device string without building anything: "" when the device is
 /// usable, else why not (the message names the device).
 std::string device_problem(const std::string& device);

@@ -45,14 +45,13 @@ at::Tensor AtenBackend::linear(const at::Tensor& x, const Matrix& w, const at::T
   return y;
 }
 
-at::Tensor AtenBackend::token_slots(const KvCache& cache, const DeviceBatch& b) const {
-  const int64_t bs = cache.block_size();
-  const at::Tensor pos = b.positions.to(at::kLong);
-  const at::Tensor index = b.seq_of_token.to(at::kLong) * b.host->max_blocks + at::floor_divide(pos, bs);
-  return b.block_tables.index_select(0, index).to(at::kLong) * bs + at::remainder(pos, bs);
-}
-
 namespace {
+
+// Cache slots of positions pos [n] int64 whose block-table entries are at
+// `entry` [n] of the flattened tables: table[entry] * bs + pos % bs.
+at::Tensor slots_of(const at::Tensor& tables, const at::Tensor& entry, const at::Tensor& pos, int64_t bs) {
+  return tables.index_select(0, entry).to(at::kLong) * bs + at::remainder(pos, bs);
+}
 
 // Rotary angles positions [T] x inv_freq [d / 2] -> (cos, sin), [T, 1, d / 2].
 std::pair<at::Tensor, at::Tensor> rotary(const at::Tensor& positions, const at::Tensor& inv_freq) {
@@ -71,6 +70,13 @@ void rotate(const at::Tensor& x, const at::Tensor& c, const at::Tensor& s) {
 }
 
 }  // namespace
+
+at::Tensor AtenBackend::token_slots(const KvCache& cache, const DeviceBatch& b) const {
+  const int64_t bs = cache.block_size();
+  const at::Tensor pos = b.positions.to(at::kLong);
+  const at::Tensor entry = b.seq_of_token.to(at::kLong) * b.host->max_blocks + at::floor_divide(pos, bs);
+  return slots_of(b.block_tables, entry, pos, bs);
+}
 
 void AtenBackend::rope_kv_write(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& inv_freq, KvCache& cache, int64_t layer, const DeviceBatch& b,
@@ -101,13 +107,11 @@ at::Tensor AtenBackend::paged_attention(const at::Tensor& q, KvCache& cache, int
   const at::Tensor kv = cache.storage()[layer];
   const int64_t hkv = kv.size(3), bs = cache.block_size();
   const at::Tensor keys = kv[0].view({-1, hkv, d}), values = kv[1].view({-1, hkv, d});
-  const at::Tensor tables = b.block_tables.view({-1, in.max_blocks}).to(at::kLong);
   at::Tensor out = at::empty({t_count, hq * d}, q.options());
   for (int64_t t = 0; t < t_count; ++t) {
-    const int64_t len = in.positions[t] + 1;
-    const at::Tensor pos = at::arange(len, tables.options());
-    const at::Tensor slots = tables[in.seq_of_token[t]].index_select(0, at::floor_divide(pos, bs)) * bs +
-                             at::remainder(pos, bs);
+    const at::Tensor pos = at::arange(in.positions[t] + 1, q.options().dtype(at::kLong));
+    const at::Tensor entry = in.seq_of_token[t] * in.max_blocks + at::floor_divide(pos, bs);
+    const at::Tensor slots = slots_of(b.block_tables, entry, pos, bs);
     const at::Tensor k = keys.index_select(0, slots).permute({1, 2, 0});  // [Hkv, d, len]
     const at::Tensor v = values.index_select(0, slots).permute({1, 0, 2});  // [Hkv, len, d]
     const at::Tensor qg = q[t].reshape({hkv, hq / hkv, d});

@@ -54,7 +54,7 @@ std::vector<float> rope_inv_freq(const ModelConfig& c) {
 }
 
 Model::Model(const ModelConfig& config, const WeightMap& w, const ModelPlacement& placement)
-    : config_(config), device_(placement.device) {
+    : config_(config) {
   config_.validate();
   backend_ = make_backend(placement.device, placement.backend, placement.options);
   const Backend& be = *backend_;

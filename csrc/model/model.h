@@ -39,7 +39,8 @@ class Model {
   const ModelConfig& config() const { return config_; }
   bool bf16() const { return bf16_; }
   const Backend& backend() const { return *backend_; }
-  const std::string& device() const { return device_; }
+  /// "cpu" or "cuda:N" (the backend's device).
+  std::string device() const { return backend_->device().str(); }
 
   /// Runs the batch, writing K/V into `cache` (made with this model's
   /// backend); returns logits [rows, vocab] fp32 on the host for
@@ -59,7 +60,6 @@ class Model {
   void mlp_block(const Layer& layer, const at::Tensor& x, StepContext& ctx) const;
 
   ModelConfig config_;
-  std::string device_;
   std::unique_ptr<Backend> backend_;
   bool bf16_ = false;
   at::Tensor embed_, final_norm_, inv_freq_;

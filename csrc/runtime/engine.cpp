@@ -155,8 +155,7 @@ class Engine::Impl {
 
   // A model is built for one device; the config must name that device.
   static void check_placement(const char* field, const model::Model& m, const std::string& device) {
-    const auto canonical = [](const std::string& d) { return d == "cuda" ? std::string("cuda:0") : d; };
-    if (canonical(m.device()) != canonical(device))
+    if (m.device() != model::canonical_device(device))
       throw std::invalid_argument(std::string(field) + ": the model was built for '" + m.device() + "', not '" +
                                   device + "'");
   }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "../kernels/cpu/fork_select.h"
 #include "../kernels/cpu/verify.h"
 
 namespace ssd::runtime {
@@ -85,16 +86,24 @@ TokenLogprobs LogprobReporter::report(const float* logits, int64_t vocab, const 
   kernels::process_logits(logits, vocab, {p.temperature, p.top_k, p.top_p}, probs_.data(), scratch_);
   TokenLogprobs out;
   out.logprob = static_cast<float>(std::log(static_cast<double>(probs_[token])));
-  const int64_t n = std::min<int64_t>(std::max<int64_t>(p.logprobs, 0), vocab);
-  if (n == 0) return out;
-  order_.resize(static_cast<size_t>(vocab));
-  for (int64_t i = 0; i < vocab; ++i) order_[i] = static_cast<int32_t>(i);
-  std::partial_sort(order_.begin(), order_.begin() + n, order_.end(), [&](int32_t a, int32_t b) {
-    return probs_[a] != probs_[b] ? probs_[a] > probs_[b] : a < b;
-  });
-  for (int64_t i = 0; i < n && probs_[order_[i]] > 0.0f; ++i) {
-    out.top_tokens.push_back(order_[i]);
-    out.top_logprobs.push_back(static_cast<float>(std::log(static_cast<double>(probs_[order_[i]]))));
+  const int64_t n = std::min<int64_t>(p.logprobs, vocab);
+  if (n <= 0) return out;
+  // The top n by (probability desc, id asc): the one top-F selection, fork_select.
+  best_.resize(static_cast<size_t>(n));
+  int64_t count = 0;
+  kernels::ForkSelectParams f;
+  f.probs = probs_.data();
+  f.fanout = &n;
+  f.batch = 1;
+  f.positions = 1;
+  f.vocab = vocab;
+  f.max_fanout = n;
+  f.candidates = best_.data();
+  f.counts = &count;
+  kernels::fork_select(f);
+  for (int64_t i = 0; i < count && probs_[best_[i]] > 0.0f; ++i) {
+    out.top_tokens.push_back(static_cast<int32_t>(best_[i]));
+    out.top_logprobs.push_back(static_cast<float>(std::log(static_cast<double>(probs_[best_[i]]))));
   }
   return out;
 }

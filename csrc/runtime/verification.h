@@ -65,7 +65,7 @@ class LogprobReporter {
 
  private:
   std::vector<float> probs_;
-  std::vector<int32_t> order_;
+  std::vector<int64_t> best_;
   kernels::LogitsScratch scratch_;
 };
 

@@ -94,7 +94,6 @@ ThreadPool::ThreadPool(int64_t num_threads, LoadProbe probe)
 #if defined(__linux__)
   if (num_threads_ > 1 && !probe_) loadavg_fd_ = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
 #endif
-  if (!probe_) probe_ = [this](int64_t own_awake) { return others_from_loadavg(own_awake); };
   try {
     workers_.reserve(static_cast<size_t>(num_threads_ - 1));
     for (int64_t i = 1; i < num_threads_; ++i) workers_.emplace_back([this] { worker_loop(); });
@@ -138,7 +137,8 @@ int64_t ThreadPool::others_from_loadavg(int64_t own_awake) const {
 }
 
 void ThreadPool::sample_load() {
-  const int64_t others = probe_(num_threads_ - sleeping_.load(std::memory_order_relaxed));
+  const int64_t awake = num_threads_ - sleeping_.load(std::memory_order_relaxed);
+  const int64_t others = probe_ ? probe_(awake) : others_from_loadavg(awake);
   if (others < 0) return;  // unknown: keep sharing
   others_ += (static_cast<double>(others) - others_) / kSampleWeight;
   const double room = static_cast<double>(cpus_ - num_threads_);  // CPUs left for others while sharing
