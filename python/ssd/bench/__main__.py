@@ -11,6 +11,8 @@ import importlib
 import sys
 from pathlib import Path
 
+from ssd.cli import _budget, _fanout  # the engine options' parsers, shared with `ssd`
+
 from .core import DATASETS, MODES, BenchConfig, run_bench
 from .record import BENCH_PROG, command_line, write_result
 
@@ -60,14 +62,6 @@ def _list(kind):
         except ValueError as exc:
             raise argparse.ArgumentTypeError(f"expected a comma-separated list of {kind.__name__}: {text!r}") from exc
     return parse
-
-
-def _fanout(text: str):
-    return text if text in ("geometric", "confidence") else _list(int)(text)
-
-
-def _budget(text: str):
-    return text if text == "auto" else int(text)
 
 
 def _regime(name: str):

@@ -21,7 +21,7 @@ import statistics
 import sys
 import time
 
-from .record import BENCH_PROG, write_result
+from .record import BENCH_PROG, command_line, write_result
 
 # Llama-3.1-8B and Llama-3.2-1B (their config.json), and tiny stand-ins.
 SHAPES = {
@@ -200,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(problem)
     result = run(args)
     if args.json:
-        write_result(args.json, result)
+        write_result(args.json, result,
+                     command_line(["gpu", *(sys.argv[1:] if argv is None else argv)], BENCH_PROG))
     return 0 if result["sd_equals_ar"] else 1
 
 

@@ -75,11 +75,9 @@ async def _one(client, url, model, prompt, args, t0) -> dict:
     first = last = None
     gaps: list[float] = []
     tokens = 0
-    reason = None
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
         if r.status_code != 200:
             return {"sent": sent, "status": r.status_code, "error": (await r.aread()).decode()[:200]}
-        chunks = 0
         async for line in r.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -89,16 +87,14 @@ async def _one(client, url, model, prompt, args, t0) -> dict:
                 tokens = part["usage"]["completion_tokens"]
                 continue
             for c in part["choices"]:
-                reason = c.get("finish_reason") or reason
                 if c["delta"].get("content"):
                     if first is None:
                         first = now
                     elif last is not None:
                         gaps.append(now - last)
                     last = now
-                    chunks += 1
     return {"sent": sent, "status": 200, "ttft": None if first is None else first - sent, "end": last or sent,
-            "tokens": tokens, "chunks": chunks, "gaps": gaps, "finish_reason": reason}
+            "tokens": tokens, "gaps": gaps}
 
 
 async def _sweep_rate(url, model, rate, args, rng) -> dict:

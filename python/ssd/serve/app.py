@@ -42,6 +42,7 @@ class ServerState:
 
     def __post_init__(self):
         self.metrics = ServerMetrics(self.engine.stats)
+        self.metrics.in_flight.set_function(lambda: self.in_flight)
         self.hit_rate = HitRateWatch(self.engine.stats, self.hit_rate_threshold)
 
 
@@ -100,7 +101,6 @@ class _Call:
                 r.close()
             raise RequestError(f"the engine is not running: {e}", status=503, type="server_unavailable") from None
         s.in_flight += len(self.requests)
-        s.metrics.in_flight.set(s.in_flight)
         s.metrics.prompt_tokens.inc(len(self.prompt_ids))
 
     def abandon(self) -> None:
@@ -112,7 +112,6 @@ class _Call:
             r.close()
             self.state.metrics.requests.labels("abort").inc()
         self.state.in_flight -= len(self.requests)
-        self.state.metrics.in_flight.set(self.state.in_flight)
 
     async def chunks(self):
         """(choice index, StreamChunk) as they arrive, from every choice; ends when all have finished."""
@@ -142,7 +141,6 @@ class _Call:
                 m.e2e.observe(time.monotonic() - t_start)
                 m.requests.labels(reason).inc()
                 self.state.in_flight -= 1
-                m.in_flight.set(self.state.in_flight)
                 await queue.put((i, None))
 
         tasks = [asyncio.ensure_future(pump(i, r)) for i, r in enumerate(self.requests)]
@@ -160,7 +158,6 @@ class _Call:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-        self.state.hit_rate.check()
 
     def usage(self) -> dict:
         return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": self.completion_tokens,

@@ -94,7 +94,6 @@ class HitRateWatch:
         self._stats, self.threshold, self.window_s, self.min_lookups = stats, threshold, window_s, min_lookups
         self._lock = threading.Lock()
         self._last = (time.monotonic(), 0, 0)
-        self.warnings = 0
 
     def check(self) -> float | None:
         """The window's hit rate when a window ended with enough lookups, else None."""
@@ -110,7 +109,6 @@ class HitRateWatch:
             return None
         rate = (hits - hits0) / (lookups - lookups0)
         if rate < self.threshold:
-            self.warnings += 1
             log.warning("ssd cache hit rate %.2f over the last %.0f s is below %.2f: the speculation may be set "
                         "too aggressively for this load (a smaller fanout budget or k, or mode sd)",
                         rate, now - t0, self.threshold)
