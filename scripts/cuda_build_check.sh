@@ -30,7 +30,8 @@ cmake --build build/cuda-torch --target _C
 (cd python && find ssd -name '*.py' -print0 | xargs -0 cp --parents -t ../build/cuda-torch/pkg)
 PYTHONPATH=build/cuda-torch/pkg "$VENV/bin/python" - <<'PY'
 import torch, ssd, ssd._C  # noqa: F401
-ops = ["paged_attention", "fork_attention", "saguaro_sample", "fork_select", "verify", "kv_commit", "kv_truncate"]
+ops = ["paged_attention", "fork_attention", "saguaro_sample", "gumbel_sample", "fork_select", "verify",
+       "kv_commit", "kv_truncate"]
 missing = [op for op in ops if not torch._C._dispatch_has_kernel_for_dispatch_key("ssd::" + op, "CUDA")]
 assert not missing, f"no CUDA kernel registered for {missing}"
 print(f"CUDA kernels registered for all {len(ops)} ops (torch {torch.__version__})")

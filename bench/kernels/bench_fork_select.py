@@ -5,13 +5,12 @@ Usage: python bench/kernels/bench_fork_select.py [--json FILE]
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
 import ssd._C  # noqa: F401  registers torch.ops.ssd
 from ssd.bench.record import write_result
+from ssd.bench.timing import time_call
 
 K = 5
 # name -> fanout F_0..F_K (geometric, as SAGUARO plans it)
@@ -19,18 +18,6 @@ FANOUTS = {
     "F=[8,6,4,3,2,12]": [8, 6, 4, 3, 2, 12],
     "F=[32,24,16,12,8,48]": [32, 24, 16, 12, 8, 48],
 }
-
-
-def time_call(fn, warmup: int = 2, repeats: int = 7) -> float:
-    """Median seconds of fn() after warmup calls."""
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 def bench(vocab: int, batch: int, fanout: list[int]) -> float:

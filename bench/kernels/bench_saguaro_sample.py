@@ -5,13 +5,12 @@ Usage: python bench/kernels/bench_saguaro_sample.py [--json FILE]
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
 import ssd._C  # noqa: F401  registers torch.ops.ssd
 from ssd.bench.record import write_result
+from ssd.bench.timing import time_call
 
 # name -> (temperature, top_k, top_p, fanout, downweight)
 SETTINGS = {
@@ -21,18 +20,6 @@ SETTINGS = {
     "top-p 0.95, F=8": (0.8, 0, 0.95, 8, 0.3),
     "greedy": (0.0, 0, 1.0, 4, 0.5),
 }
-
-
-def time_call(fn, warmup: int = 2, repeats: int = 7) -> float:
-    """Median seconds of fn() after warmup calls."""
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 def bench(vocab: int, rows: int, setting: tuple) -> float:

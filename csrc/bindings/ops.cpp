@@ -15,6 +15,10 @@
 //   saguaro_sample   logits [N,V] f32; temperature, top_p, downweight, uniforms [N] f64;
 //                    top_k, fanout [N] i64; probs out [N,V] f32 -> tokens [N] i64.
 //                    probs = sigma_{F,C} of the processed distribution.
+//   gumbel_sample    probs [N,V] f32 (finite, >= 0); seeds [N] i64 (a u64's bits);
+//                    positions [N] i64 (>= 0) -> tokens [N] i64: the Gumbel-max draw
+//                    argmax_{p_t > 0} p_t / E_t, E_t ~ Exp(1) keyed by (seed, position, t);
+//                    ties to the lowest id, a row without support gives 0.
 //   fork_select      probs [B,K+1,V] f32; drafted [B,K] i64; fanout [K+1] i64;
 //                    max_fanout >= max(fanout) -> candidates [B,K+1,max_fanout] i64
 //                    (-1 padded), counts [B,K+1] i64.
@@ -41,6 +45,7 @@ TORCH_LIBRARY(ssd, m) {
   m.def(
       "saguaro_sample(Tensor logits, Tensor temperature, Tensor top_k, Tensor top_p, "
       "Tensor fanout, Tensor downweight, Tensor uniforms, Tensor(a!) probs) -> Tensor");
+  m.def("gumbel_sample(Tensor probs, Tensor seeds, Tensor positions) -> Tensor");
   m.def("fork_select(Tensor probs, Tensor drafted, Tensor fanout, int max_fanout) -> (Tensor, Tensor)");
   m.def(
       "verify(Tensor target_logits, Tensor proposals, Tensor num_proposals, Tensor q_probs, "

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import ssd._C  # noqa: F401  registers torch.ops.ssd
 from ssd import _C
 from tests.reference.fork_select_ref import fork_candidates
+from tests.reference.gumbel_ref import gumbel_token
 from tests.reference.kv_commit_ref import kv_commit_ref
 from tests.reference.kv_truncate_ref import kv_truncate_ref
 from tests.reference.paged_attention_ref import fork_attention_ref, paged_attention_ref, random_paged_cache
@@ -80,6 +81,25 @@ def test_saguaro_sample(vocab, rows, ties, seed):
     for r, setting in enumerate(rows):
         torch.testing.assert_close(probs[r].double(), saguaro_probs(logits[r], *setting), atol=1e-7, rtol=1e-5)
         assert int(tokens[r]) == inverse_cdf(probs[r], float(uniforms[r])), f"row {r}"
+
+
+@PROPERTY
+@given(vocab=vocabs, rows=st.lists(st.tuples(temperatures, st.integers(0, 305), top_ps), min_size=0, max_size=5),
+       ties=st.booleans(), key=st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**40)), seed=seeds)
+def test_gumbel_sample(vocab, rows, ties, key, seed):
+    """rows: (temperature, top_k, top_p) of each row's processed distribution; none is the empty batch."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = logits_of(gen, (len(rows), vocab), ties)
+    probs = torch.stack([processed_probs(logits[r], *s).float() for r, s in enumerate(rows)]) if rows \
+        else torch.empty(0, vocab)
+    seeds_ = [(key[0] + r) % 2**64 for r in range(len(rows))]
+    positions = [key[1] + 3 * r for r in range(len(rows))]
+    as_int64 = [s - 2**64 if s >= 2**63 else s for s in seeds_]
+    tokens = torch.ops.ssd.gumbel_sample(probs, torch.tensor(as_int64, dtype=torch.int64),
+                                         torch.tensor(positions, dtype=torch.int64))
+    assert tokens.shape == (len(rows),)
+    for r in range(len(rows)):
+        assert int(tokens[r]) == gumbel_token(probs[r], seeds_[r], positions[r]), f"row {r}"
 
 
 @PROPERTY

@@ -5,16 +5,11 @@
 #include <limits>
 #include <numeric>
 
+#include "keyed_hash.h"
+
 namespace ssd::kernels {
 
 namespace {
-
-inline uint64_t mix64(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 // Ranks candidate ids by (value desc, id asc).
 struct RankDesc {

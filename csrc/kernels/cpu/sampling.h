@@ -33,7 +33,7 @@ void process_logits(const float* logits, int64_t vocab, const LogitsParams& para
 int32_t sample_from_probs(const float* probs, int64_t vocab, double u);
 
 /// Purposes of the keyed random streams.
-enum class RandomPurpose : uint64_t { kSample = 1, kAccept = 2, kResidual = 3, kDraft = 4 };
+enum class RandomPurpose : uint64_t { kSample = 1, kAccept = 2, kResidual = 3, kDraft = 4, kGumbel = 5 };
 
 /// A uniform in [0, 1) determined only by (seed, position, purpose).
 double keyed_uniform(uint64_t seed, uint64_t position, RandomPurpose purpose);
