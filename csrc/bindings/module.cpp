@@ -91,6 +91,7 @@ EngineConfig engine_config_from(const py::dict& d) {
   get(d, "fanout_budget", c.fanout_budget);
   get(d, "saguaro_c", c.saguaro_c);
   get(d, "fallback", c.fallback);
+  get(d, "coupling", c.coupling);
   get(d, "draft_matmul_min_rows", c.draft_matmul_min_rows);
   get(d, "batch_invariant", c.batch_invariant);
   c.validate();
@@ -123,6 +124,7 @@ TestingConfig testing_config_from(const py::dict& d) {
       {"fault_truncated_q", &t.fault_truncated_q},
       {"fault_batch_top_kp", &t.fault_batch_top_kp},
       {"fault_worker_dies", &t.fault_worker_dies},
+      {"fault_shared_noise", &t.fault_shared_noise},
   };
   for (auto item : d) {
     const auto key = item.first.cast<std::string>();

@@ -153,6 +153,8 @@ void EngineConfig::validate() const {
                                      std::to_string(draft_matmul_min_rows));
   if (fallback != "auto" && fallback != "neural" && fallback != "fast")
     bad("fallback", "must be 'auto', 'neural' or 'fast', got '" + fallback + "'");
+  if (coupling != "rejection" && coupling != "gumbel")
+    bad("coupling", "must be 'rejection' or 'gumbel', got '" + coupling + "'");
 }
 
 int64_t kv_bytes_per_token(const ModelConfig& model) {

@@ -1,11 +1,14 @@
 // The draft's per-row sampling settings, gathered once for SAGUARO sampling
 // (sd drafter and ssd worker alike): each row is a sequence's next draft
-// token, drawn with its keyed kDraft uniform at its position.
+// token, drawn from sigma with its keyed kDraft uniform at its position, or
+// under the Gumbel coupling as the Gumbel-max draw from sigma with the
+// noise the target draws that position with.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "../kernels/cpu/gumbel.h"
 #include "../kernels/cpu/sampling.h"
 #include "../kernels/cpu/saguaro_sample.h"
 #include "ssd/config.h"
@@ -14,11 +17,13 @@ namespace ssd::runtime {
 
 struct DraftRows {
   int64_t vocab = 0;
+  bool gumbel = false;
   std::vector<double> temperature, top_p, downweight, uniforms;
-  std::vector<int64_t> top_k, fanout, tokens;
+  std::vector<int64_t> top_k, fanout, tokens, positions;
+  std::vector<uint64_t> seeds;
   std::vector<float> probs;  ///< [rows, vocab]: the rows sampled from (q)
 
-  explicit DraftRows(int64_t vocab_size) : vocab(vocab_size) {}
+  DraftRows(int64_t vocab_size, bool gumbel_coupling) : vocab(vocab_size), gumbel(gumbel_coupling) {}
 
   /// Adds a row for a token at `position` of a sequence, drawn from
   /// sigma_{F, C} (F = fanout, C = downweight).
@@ -29,6 +34,8 @@ struct DraftRows {
     fanout.push_back(fanout_f);
     downweight.push_back(c);
     uniforms.push_back(kernels::keyed_uniform(seed, static_cast<uint64_t>(position), kernels::RandomPurpose::kDraft));
+    seeds.push_back(seed);
+    positions.push_back(position);
   }
 
   /// Samples every row from `logits` [rows, vocab]; fills tokens and probs.
@@ -49,6 +56,10 @@ struct DraftRows {
     p.probs = probs.data();
     p.tokens = tokens.data();
     kernels::saguaro_sample(p);
+    if (!gumbel) return;
+    for (int64_t r = 0; r < n; ++r)
+      if (temperature[r] > 0.0)
+        tokens[r] = kernels::gumbel_argmax(probs.data() + r * vocab, vocab, seeds[r], static_cast<uint64_t>(positions[r]));
   }
 };
 

@@ -416,9 +416,10 @@ class Engine::Impl {
   std::unique_ptr<runtime::Speculator> speculator_;  // null in mode "ar"
   std::unique_ptr<runtime::Scheduler> scheduler_;
   std::unique_ptr<kernels::ThreadPool> pool_;
-  runtime::TokenSampler sampler_;
+  runtime::Coupling coupling_ = runtime::Coupling::of(config_, testing_);
+  runtime::TokenSampler sampler_{coupling_};
   runtime::LogprobReporter logprobs_;
-  runtime::Verifier verifier_{testing_};
+  runtime::Verifier verifier_{testing_, coupling_};
   std::random_device seed_source_;
   std::map<RequestId, std::unique_ptr<Sequence>> live_;  // engine thread only
 

@@ -6,7 +6,9 @@
 #include <stdexcept>
 
 #include "../kernels/cpu/fork_select.h"
+#include "../kernels/cpu/gumbel.h"
 #include "../kernels/cpu/ops.h"
+#include "coupling.h"
 #include "draft_sampling.h"
 #include "speculation_cache.h"
 
@@ -58,6 +60,22 @@ RankedTokens RankedTokens::of(const float* logits, int64_t vocab, int64_t depth,
   return r;
 }
 
+RankedTokens RankedTokens::perturbed(const float* q, int64_t vocab, uint64_t seed, int64_t position, int64_t depth,
+                                     bool with_probs) {
+  std::vector<int32_t> ids(static_cast<size_t>(depth));
+  std::vector<double> scores(static_cast<size_t>(depth));
+  const int64_t count = kernels::gumbel_top(q, vocab, kernels::gumbel_row_key(seed, static_cast<uint64_t>(position)),
+                                            depth, ids.data(), scores.data());
+  RankedTokens r;
+  r.tokens.assign(ids.begin(), ids.begin() + count);
+  if (with_probs) {
+    double total = 0.0;
+    for (int64_t i = 0; i < count; ++i) total += scores[i];
+    for (int64_t i = 0; i < count; ++i) r.probs.push_back(static_cast<float>(scores[i] / total));
+  }
+  return r;
+}
+
 DraftPath DraftPath::sampling(DraftSequence& seq, model::BlockTable& table, int64_t pos0, std::vector<int32_t> feed,
                               int64_t steps) {
   DraftPath p;
@@ -91,16 +109,19 @@ PathDecoder::PathDecoder(const EngineConfig& config, const model::Model& model, 
       pool_(pool),
       planner_(planner),
       vocab_(model.config().vocab_size),
-      confidence_(confidence_fanout(config)) {}
+      confidence_(confidence_fanout(config)),
+      gumbel_(gumbel_coupling(config)) {}
 
 PathDecoder::Ranking PathDecoder::ranking_for(const std::vector<DraftPath>& paths,
                                               const std::vector<int64_t>& fanout) const {
   // Long enough for every candidate a branch may take, plus the proposal.
   Ranking r;
   r.depth = std::max<int64_t>(2, *std::max_element(fanout.begin(), fanout.end()) + 1);
-  // Probabilities only where a greedy sequence's confidence-ranked tree reads them.
-  r.probs = confidence_ && std::any_of(paths.begin(), paths.end(),
-                                       [](const DraftPath& p) { return p.seq->params.temperature == 0.0; });
+  // Probabilities only where a confidence-ranked tree reads them: greedy
+  // sequences', and every sequence's under the Gumbel coupling.
+  r.probs = confidence_ && (gumbel_ || std::any_of(paths.begin(), paths.end(), [](const DraftPath& p) {
+              return p.seq->params.temperature == 0.0;
+            }));
   if (r.probs) r.depth = std::max(r.depth, std::min<int64_t>(planner_.budget(), kMaxConfidenceRank) + 1);
   return r;
 }
@@ -161,6 +182,18 @@ PathDecoder::StepBatch PathDecoder::gather(std::vector<DraftPath>& paths, int64_
   return b;
 }
 
+RankedTokens PathDecoder::rank_row(const DraftSequence& s, const float* logits, const float* q, int64_t position,
+                                   const Ranking& ranking) {
+  if (!gumbel_ || s.params.temperature == 0.0) return RankedTokens::of(logits, vocab_, ranking.depth, ranking.probs);
+  if (q == nullptr) {
+    const SamplingParams& sp = s.params;
+    q_.resize(static_cast<size_t>(vocab_));
+    kernels::process_logits(logits, vocab_, {sp.temperature, sp.top_k, sp.top_p}, q_.data(), scratch_);
+    q = q_.data();
+  }
+  return RankedTokens::perturbed(q, vocab_, s.seed, position, ranking.depth, ranking.probs);
+}
+
 int64_t PathDecoder::take_rows(const StepBatch& batch, const float* rows, int64_t step,
                                const std::vector<int64_t>& fanout, const Ranking& ranking) {
   std::vector<DraftPath*> sampling;
@@ -171,8 +204,10 @@ int64_t PathDecoder::take_rows(const StepBatch& batch, const float* rows, int64_
     const int64_t r1 = a + 1 < batch.active.size() ? batch.first_row[a + 1]
                                                    : static_cast<int64_t>(batch.in.logit_rows.size());
     if (p->steps == 0) {
+      // Row r scores the token after fed position first + (r - r0).
+      const int64_t first = std::max(p->pos0, p->rank_from);
       for (int64_t r = r0; r < r1; ++r)
-        p->fed_ranked.push_back(RankedTokens::of(rows + r * vocab_, vocab_, ranking.depth, ranking.probs));
+        p->fed_ranked.push_back(rank_row(*p->seq, rows + r * vocab_, nullptr, first + (r - r0) + 1, ranking));
       continue;
     }
     sampling.push_back(p);
@@ -183,7 +218,7 @@ int64_t PathDecoder::take_rows(const StepBatch& batch, const float* rows, int64_
   // SAGUARO sampling: sampled token `step` is the next speculation's proposal
   // at fork point `step`, whose F top tokens it downweights.
   std::vector<float> z(static_cast<size_t>(n * vocab_));
-  DraftRows draw(vocab_);
+  DraftRows draw(vocab_, gumbel_);
   const int64_t f = step < static_cast<int64_t>(fanout.size()) ? fanout[step] : 0;
   for (int64_t r = 0; r < n; ++r) {
     const DraftPath* p = sampling[r];
@@ -196,7 +231,8 @@ int64_t PathDecoder::take_rows(const StepBatch& batch, const float* rows, int64_
     DraftPath* p = sampling[r];
     p->out.push_back(static_cast<int32_t>(draw.tokens[r]));
     std::copy(draw.probs.begin() + r * vocab_, draw.probs.begin() + (r + 1) * vocab_, p->q.begin() + step * vocab_);
-    p->ranked[step] = RankedTokens::of(z.data() + r * vocab_, vocab_, ranking.depth, ranking.probs);
+    p->ranked[step] = rank_row(*p->seq, z.data() + r * vocab_, draw.probs.data() + r * vocab_, draw.positions[r],
+                               ranking);
   }
   return n;
 }

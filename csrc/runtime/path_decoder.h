@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "../kernels/cpu/sampling.h"
 #include "../kernels/cpu/thread_pool.h"
 #include "../model/kv_cache.h"
 #include "../model/model.h"
@@ -25,7 +26,12 @@ bool confidence_fanout(const EngineConfig& config);
 
 /// A row's best draft tokens ranked by (logit desc, id asc), with their
 /// probabilities under the draft at temperature 1 when asked for (the
-/// confidence fan-out reads them).
+/// confidence fan-out reads them). Under the Gumbel coupling a sampled
+/// sequence's row is ranked by the draft's Gumbel-max scores q_t / E_t at
+/// the row's position instead: the target's token there is the argmax of
+/// p_t / E_t, so these are the draft's best guesses of it, and the "probs"
+/// are the scores normalised over the listed tokens (a confidence the
+/// planner calibrates like a greedy sequence's).
 struct RankedTokens {
   std::vector<int32_t> tokens;
   std::vector<float> probs;
@@ -34,6 +40,9 @@ struct RankedTokens {
   /// The probability of `token` (0 when it is not listed or no probabilities were kept).
   double prob_of(int32_t token) const;
   static RankedTokens of(const float* logits, int64_t vocab, int64_t depth, bool with_probs);
+  /// q: the draft's processed row; seed and position key the noise.
+  static RankedTokens perturbed(const float* q, int64_t vocab, uint64_t seed, int64_t position, int64_t depth,
+                                bool with_probs);
 };
 
 struct DraftPath {
@@ -78,6 +87,10 @@ class PathDecoder {
 
   Ranking ranking_for(const std::vector<DraftPath>& paths, const std::vector<int64_t>& fanout) const;
   StepBatch gather(std::vector<DraftPath>& paths, int64_t step, DraftForwards purpose);
+  /// The ranked list of a row that draws the token at `position` of `s`
+  /// (q: the row sampled from, or null to process the logits here).
+  RankedTokens rank_row(const DraftSequence& s, const float* logits, const float* q, int64_t position,
+                        const Ranking& ranking);
   /// Ranks score rows and samples the rest; returns how many paths sampled.
   int64_t take_rows(const StepBatch& batch, const float* rows, int64_t step, const std::vector<int64_t>& fanout,
                     const Ranking& ranking);
@@ -89,6 +102,9 @@ class PathDecoder {
   FanoutPlanner& planner_;
   int64_t vocab_;
   bool confidence_;
+  bool gumbel_;
+  std::vector<float> q_;  // rank_row's processed row
+  kernels::LogitsScratch scratch_;
 };
 
 }  // namespace ssd::runtime

@@ -8,11 +8,12 @@
 namespace ssd::runtime {
 
 SdDrafter::SdDrafter(std::shared_ptr<model::Model> model, int64_t num_blocks, int64_t block_size,
-                     int64_t threads, int64_t matmul_min_rows)
+                     int64_t threads, int64_t matmul_min_rows, bool gumbel)
     : model_(std::move(model)),
       cache_(std::make_unique<model::KvCache>(model_->config(), num_blocks, block_size, model_->backend())),
       pool_(std::make_unique<kernels::ThreadPool>(threads)),
-      matmul_min_rows_(matmul_min_rows) {}
+      matmul_min_rows_(matmul_min_rows),
+      gumbel_(gumbel) {}
 
 model::ForwardInput SdDrafter::step_input(const std::vector<Sequence*>& seqs, const DraftBatch& batch,
                                         int64_t step, std::vector<int64_t>& rows) {
@@ -52,7 +53,7 @@ model::ForwardInput SdDrafter::step_input(const std::vector<Sequence*>& seqs, co
 void SdDrafter::sample(const std::vector<Sequence*>& seqs, const std::vector<int64_t>& rows,
                      const at::Tensor& logits, int64_t step, DraftBatch& batch) {
   const int64_t vocab = model_->config().vocab_size;
-  DraftRows draw(vocab);
+  DraftRows draw(vocab, gumbel_);
   for (int64_t b : rows) draw.add(seqs[b]->params, seqs[b]->seed, seqs[b]->len() + step, 0, 1.0);
   draw.sample(logits.data_ptr<float>());
   for (size_t r = 0; r < rows.size(); ++r) {

@@ -26,13 +26,14 @@ struct DraftBatch {
 class SdDrafter {
  public:
   /// Forwards over at least matmul_min_rows tokens use the draft's bf16 pair
-  /// kernels (model::ForwardInput::matmul_min_rows; 0: never).
+  /// kernels (model::ForwardInput::matmul_min_rows; 0: never). gumbel: the
+  /// coupling "gumbel" (draft tokens are Gumbel-max draws, draft_sampling.h).
   SdDrafter(std::shared_ptr<model::Model> model, int64_t num_blocks, int64_t block_size, int64_t threads,
-            int64_t matmul_min_rows = 0);
+            int64_t matmul_min_rows = 0, bool gumbel = false);
 
   /// Drafts counts[b] tokens after the last token of seqs[b]. Each sequence's
-  /// last token sits at position len - 1; draft token i (1-based) is sampled
-  /// with the keyed uniform (seed, len - 1 + i, kDraft).
+  /// last token sits at position len - 1; draft token i (1-based) is drawn at
+  /// position len - 1 + i (its keyed kDraft uniform, or its Gumbel noise).
   DraftBatch draft(const std::vector<Sequence*>& seqs, const std::vector<int64_t>& counts);
 
   /// After verification: keeps the draft KV of the first keep_tokens positions.
@@ -55,7 +56,8 @@ class SdDrafter {
   std::map<RequestId, DraftKv> kv_;
   std::unique_ptr<model::KvCache> cache_;
   std::unique_ptr<kernels::ThreadPool> pool_;
-  int64_t matmul_min_rows_ = 0;
+  int64_t matmul_min_rows_;
+  bool gumbel_;
 };
 
 }  // namespace ssd::runtime

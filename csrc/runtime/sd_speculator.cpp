@@ -1,10 +1,12 @@
 #include "sd_speculator.h"
 
+#include "coupling.h"
+
 namespace ssd::runtime {
 
 SdSpeculator::SdSpeculator(const EngineConfig& config, std::shared_ptr<model::Model> draft)
     : drafter_(draft, config.num_kv_blocks(), config.kv_block_size, config.draft_threads,
-               config.draft_matmul_min_rows),
+               config.draft_matmul_min_rows, gumbel_coupling(config)),
       vocab_(draft->config().vocab_size) {}
 
 std::vector<DraftFailure> SdSpeculator::propose(std::vector<ScheduledChunk>& chunks,

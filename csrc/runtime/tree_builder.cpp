@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "coupling.h"
 #include "ssd/log.h"
 
 namespace ssd::runtime {
@@ -17,7 +18,14 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 
 TreeBuilder::TreeBuilder(const EngineConfig& config, model::KvCache& kv, PathDecoder& decoder,
                          FanoutPlanner& planner)
-    : K_(config.k), confidence_(confidence_fanout(config)), kv_(kv), decoder_(decoder), planner_(planner) {}
+    : K_(config.k),
+      confidence_(confidence_fanout(config)),
+      gumbel_(gumbel_coupling(config)),
+      kv_(kv),
+      decoder_(decoder),
+      planner_(planner) {}
+
+bool TreeBuilder::confidence_ranked(const DraftSequence& s) const { return confidence_ && (s.greedy() || gumbel_); }
 
 void TreeBuilder::observe_outcome(const DraftSequence& s, int64_t accepted, int64_t proposed, int32_t bonus) {
   const auto drafted = static_cast<int64_t>(s.spec.size());
@@ -30,7 +38,7 @@ void TreeBuilder::observe_outcome(const DraftSequence& s, int64_t accepted, int6
     }
   }
   planner_.observe_outcome(accepted, proposed, rank, listed);
-  if (!confidence_ || !s.greedy()) return;
+  if (!confidence_ranked(s)) return;
   // Calibration of the confidence fan-out: the proposals verified this round
   // (the accepted ones and the rejected one after them) by the draft's
   // probability of them.
@@ -101,8 +109,8 @@ void TreeBuilder::score_forks(const std::vector<DraftSequence*>& seqs, const std
 
 std::vector<TreeBuilder::Candidate> TreeBuilder::candidates(const DraftSequence& s,
                                                             const std::vector<int64_t>& fanout) const {
-  // Until enough greedy proposals calibrate it, the confidence fan-out plans like the geometric one.
-  if (confidence_ && s.greedy() && planner_.proposals_observed() >= FanoutPlanner::kCalibrated)
+  // Until enough proposals calibrate it, the confidence fan-out plans like the geometric one.
+  if (confidence_ranked(s) && planner_.proposals_observed() >= FanoutPlanner::kCalibrated)
     return confidence_candidates(s);
   std::vector<Candidate> chosen;
   for (int64_t j = 0; j <= K_; ++j) {

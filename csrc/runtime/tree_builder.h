@@ -6,8 +6,10 @@
 //    fork point 0..K is known (the ranked lists of RankedTokens);
 // 2. chooses candidates: the top F_j tokens at fork point j other than the
 //    proposal x_{j+1} there (verification never draws the bonus from the
-//    rejected proposal), or, for greedy sequences under the confidence
-//    fan-out, the budget's most probable outcomes over all fork points;
+//    rejected proposal), or, under the confidence fan-out for greedy
+//    sequences and for every sequence under the Gumbel coupling (whose
+//    outcome the noise fixes as greedy decoding's is fixed), the budget's
+//    most probable outcomes over all fork points;
 // 3. gives each candidate a branch with KV blocks of its own and decodes K
 //    tokens along every branch of every sequence, one batched forward per
 //    step, filling the speculation cache.
@@ -51,6 +53,8 @@ class TreeBuilder {
  private:
   using Candidate = std::pair<int64_t, int32_t>;  // (fork point, bonus token)
 
+  /// Whether `s` takes the confidence-ranked outcomes (greedy, or Gumbel-coupled).
+  bool confidence_ranked(const DraftSequence& s) const;
   void score_forks(const std::vector<DraftSequence*>& seqs, const std::vector<int64_t>& fanout, int64_t fork_end);
   std::vector<Candidate> candidates(const DraftSequence& s, const std::vector<int64_t>& fanout) const;
   std::vector<Candidate> confidence_candidates(const DraftSequence& s) const;
@@ -61,6 +65,7 @@ class TreeBuilder {
 
   int64_t K_;
   bool confidence_;
+  bool gumbel_;
   model::KvCache& kv_;
   PathDecoder& decoder_;
   FanoutPlanner& planner_;

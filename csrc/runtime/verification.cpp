@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "../kernels/cpu/fork_select.h"
+#include "../kernels/cpu/gumbel.h"
 #include "../kernels/cpu/verify.h"
 
 namespace ssd::runtime {
@@ -58,6 +59,25 @@ Verdict verify_proposal(const float* target_rows, int64_t vocab, const Proposal&
   return {accepted, static_cast<int32_t>(bonus)};
 }
 
+Verdict verify_gumbel(const float* target_rows, int64_t vocab, const Proposal& proposal,
+                      const SamplingParams& params, uint64_t seed, int64_t start, const Coupling& coupling) {
+  const auto count = static_cast<int64_t>(proposal.tokens.size());
+  check_finite(target_rows, (1 + count) * vocab);
+  std::vector<float> p(static_cast<size_t>(vocab));
+  kernels::LogitsScratch scratch;
+  for (int64_t i = 0;; ++i) {
+    const float* row = target_rows + i * vocab;
+    int32_t token;
+    if (params.temperature == 0.0) {
+      token = kernels::argmax(row, vocab);
+    } else {
+      kernels::process_logits(row, vocab, {params.temperature, params.top_k, params.top_p}, p.data(), scratch);
+      token = kernels::gumbel_argmax(p.data(), vocab, seed, coupling.noise_position(start + i));
+    }
+    if (i == count || proposal.tokens[i] != token) return {i, token};
+  }
+}
+
 Verdict Verifier::verify(const float* target_rows, int64_t vocab, const Proposal& proposal, const Sequence& seq) {
   // Without TestingConfig's deliberate faults (config.h) this is verify_proposal at seq.len().
   SamplingParams params = seq.params;
@@ -68,6 +88,7 @@ Verdict Verifier::verify(const float* target_rows, int64_t vocab, const Proposal
     params.top_p = first_.top_p;
   }
   const int64_t key = testing_.fault_resume_stream && seq.preempted_len > 0 ? seq.preempted_len : seq.len();
+  if (coupling_.gumbel) return verify_gumbel(target_rows, vocab, proposal, params, seq.seed, key, coupling_);
   return verify_proposal(target_rows, vocab, proposal, params, seq.seed, key, testing_.fault_fast_argmax);
 }
 
@@ -77,6 +98,7 @@ int32_t TokenSampler::sample(const float* logits, int64_t vocab, const SamplingP
   if (p.temperature == 0.0) return kernels::argmax(logits, vocab);
   probs_.resize(static_cast<size_t>(vocab));
   kernels::process_logits(logits, vocab, {p.temperature, p.top_k, p.top_p}, probs_.data(), scratch_);
+  if (coupling_.gumbel) return kernels::gumbel_argmax(probs_.data(), vocab, seed, coupling_.noise_position(position));
   const double u = kernels::keyed_uniform(seed, static_cast<uint64_t>(position), kernels::RandomPurpose::kSample);
   return kernels::sample_from_probs(probs_.data(), vocab, u);
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "../kernels/cpu/sampling.h"
+#include "coupling.h"
 #include "scheduler.h"
 #include "speculator.h"
 #include "ssd/config.h"
@@ -27,31 +28,43 @@ struct Verdict {
 Verdict verify_proposal(const float* target_rows, int64_t vocab, const Proposal& proposal,
                         const SamplingParams& params, uint64_t seed, int64_t start, bool fault_fast_argmax);
 
+/// The Gumbel coupling's verification: the target's token at each position
+/// is its Gumbel-max draw (the token ar samples there); the proposals are
+/// accepted while they equal it, and the first draw they miss (or the one
+/// after them all) is the bonus. q is never read. Temperature 0: greedy.
+Verdict verify_gumbel(const float* target_rows, int64_t vocab, const Proposal& proposal,
+                      const SamplingParams& params, uint64_t seed, int64_t start, const Coupling& coupling);
+
 /// The engine's verifier: verifies a sequence's round at its current length,
 /// with the sequence's own settings and keyed draws. Its only state serves
 /// TestingConfig's deliberate faults (fault_resume_stream,
 /// fault_batch_top_kp, fault_fast_argmax); without them it is verify_proposal.
 class Verifier {
  public:
-  explicit Verifier(const TestingConfig& testing) : testing_(testing) {}
+  Verifier(const TestingConfig& testing, const Coupling& coupling) : testing_(testing), coupling_(coupling) {}
 
   /// `seq`'s round: the first proposal sits at position seq.len().
   Verdict verify(const float* target_rows, int64_t vocab, const Proposal& proposal, const Sequence& seq);
 
  private:
   TestingConfig testing_;
+  Coupling coupling_;
   bool has_first_ = false;  // fault_batch_top_kp: the first request's settings are taken
   SamplingParams first_;
 };
 
-/// The target's token at `position` from its logits row ([vocab]).
-/// Throws std::runtime_error on NaN logits.
+/// The target's token at `position` from its logits row ([vocab]): an
+/// inverse-CDF draw of the keyed kSample uniform, or with the Gumbel coupling
+/// the Gumbel-max draw at that position. Throws std::runtime_error on NaN logits.
 class TokenSampler {
  public:
+  explicit TokenSampler(const Coupling& coupling) : coupling_(coupling) {}
+
   int32_t sample(const float* logits, int64_t vocab, const SamplingParams& params, uint64_t seed,
                  int64_t position);
 
  private:
+  Coupling coupling_;
   std::vector<float> probs_;
   kernels::LogitsScratch scratch_;
 };

@@ -44,6 +44,7 @@ constexpr const char* kUsage =
     "  --fanout-budget auto|B ssd fan-out budget (default auto)\n"
     "  --saguaro-c C          ssd SAGUARO sampling C in [0, 1] (default 1)\n"
     "  --fallback auto|neural|fast  ssd speculator on a cache miss (default auto)\n"
+    "  --coupling rejection|gumbel  how draws are coupled (default gumbel)\n"
     "  --stats                print the engine's speed metrics to stderr\n"
     "  --log-level debug|info|warning  print the engine's decisions at this level to stderr (default: none)\n"
     "  --draft-threads N      CPU threads of the draft's forward (default 1)\n"
@@ -123,6 +124,8 @@ void apply_option(Options& o, const std::string& flag, const std::string& value)
     o.engine.saguaro_c = parse_number<double>(flag, value);
   } else if (flag == "--fallback") {
     o.engine.fallback = value;
+  } else if (flag == "--coupling") {
+    o.engine.coupling = value;
   } else if (flag == "--log-level") {
     const std::map<std::string, ssd::log::Level> levels = {
         {"debug", ssd::log::Level::kDebug}, {"info", ssd::log::Level::kInfo}, {"warning", ssd::log::Level::kWarning}};

@@ -65,6 +65,13 @@ class EngineConfig:
     SAGUARO sampling (1.0: plain sampling); fallback on a cache miss is
     "neural" (the draft re-drafts), "fast" (n-gram prompt lookup) or "auto"
     (by batch size, where the speed model says fast beats neural).
+    coupling (every mode) is how sampled draws are made: "rejection" (the
+    draft samples on its own and the target verifies by rejection sampling:
+    the target's law, but which sample a seed gives depends on the
+    proposals) or "gumbel" (every token is the Gumbel-max draw under noise
+    keyed by (seed, position, token), shared by draft and target; a proposal
+    is accepted exactly when it is the target's draw, so seeded sd and ssd
+    outputs are token-identical to ar's whatever the draft did).
     draft_matmul_min_rows:
     draft forwards over at least this many rows (the ssd tree, sd batches)
     use bf16 pair kernels (AVX512-BF16, many rows cost about one); the draft's
@@ -97,6 +104,7 @@ class EngineConfig:
     fanout_budget: str | int = "auto"
     saguaro_c: float = 1.0
     fallback: str = "auto"
+    coupling: str = "gumbel"
     draft_matmul_min_rows: int = 4
     batch_invariant: bool = True
 

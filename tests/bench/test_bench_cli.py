@@ -43,7 +43,7 @@ def test_bench_directory_holds_only_results_and_kernel_benchmarks():
 
 
 @pytest.mark.parametrize("name, option", [("decode", "--bw-mb"), ("contention", "--busy-cpu"),
-                                          ("fallback", "--auto")])
+                                          ("fallback", "--auto"), ("coupling", "--saguaro-c")])
 def test_subcommand_help(name, option):
     proc = bench(name, "--help")
     assert proc.returncode == 0, proc.stderr
@@ -295,3 +295,45 @@ def test_fallback_rejects_a_missing_file(tmp_path, capsys):
 
     assert main(["--auto", str(tmp_path / "none.json")]) == 2
     assert "none.json" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- coupling
+
+
+def test_coupling_rejects_bad_options():
+    proc = bench("coupling", "--temperature", "0,1")
+    assert proc.returncode == 2 and "--temperature: the couplings differ only when sampling" in proc.stderr
+    proc = bench("coupling", "--target", "x")
+    assert proc.returncode == 2 and "--target/--draft: give both" in proc.stderr
+
+
+def test_coupling_summary_takes_each_modes_best():
+    from ssd.bench.coupling import summarize
+
+    def run(mode, coupling, c, tok):
+        return {"dataset": "mtbench", "temperature": 1.0, "mode": mode, "coupling": coupling, "saguaro_c": c,
+                "decode_tok_per_s": tok}
+
+    rows = [run("ar", "gumbel", None, 5.0), run("sd", "rejection", None, 10.0), run("sd", "gumbel", None, 8.0),
+            run("ssd", "rejection", 1.0, 12.0), run("ssd", "rejection", 0.5, 11.0), run("ssd", "gumbel", 1.0, 15.0),
+            run("ssd", "gumbel", 0.5, 14.0)]
+    (point,) = summarize(rows)
+    assert point["best_sd"] == {"coupling": "rejection", "tok_per_s": 10.0}
+    assert point["best_ssd"] == {"coupling": "gumbel", "saguaro_c": 1.0, "tok_per_s": 15.0}
+    assert point["best_ssd_over_best_sd"] == 1.5
+    assert point["gumbel_over_rejection"] == {"sd": 0.8, "ssd": 1.25}
+
+
+def test_coupling_smoke_run_reproduces_ar_and_writes_json_and_plot(pair, tmp_path):
+    target, draft = pair
+    out, png = tmp_path / "c.json", tmp_path / "c.png"
+    proc = bench("coupling", "--target", str(target), "--draft", str(draft), "--datasets", "random", "--quick",
+                 "--temperature", "1.0", "--saguaro-c", "1", "--k", "2", "--json", str(out), "--plot", str(png))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["command"].startswith("python -m ssd.bench coupling --target ")
+    kinds = [(r["mode"], r["coupling"]) for r in doc["runs"]]
+    assert kinds == [("ar", "gumbel"), ("sd", "rejection"), ("ssd", "rejection"), ("sd", "gumbel"),
+                     ("ssd", "gumbel")]
+    assert [r["same_tokens_as_ar"] for r in doc["runs"]] == [None, None, None, True, True]
+    assert png.stat().st_size > 0

@@ -21,9 +21,10 @@ def small_vocab_model(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
-def llm(small_vocab_model):
-    engine = LLM(small_vocab_model, max_model_len=64, max_batch=256, max_batched_tokens=4096)
+@pytest.fixture(scope="module", params=["rejection", "gumbel"])
+def llm(small_vocab_model, request):
+    """ar under each coupling: inverse-CDF draws of keyed uniforms, or Gumbel-max draws of keyed noise."""
+    engine = LLM(small_vocab_model, max_model_len=64, max_batch=256, max_batched_tokens=4096, coupling=request.param)
     yield engine
     engine.shutdown()
 

@@ -96,8 +96,9 @@ def check_output_law(small_pair, temperature, top_k, top_p, max_batch, **placeme
     target, draft = small_pair
     # The target's exact law, by enumeration on the CPU (the oracle).
     joint = exact_joint(ssd.models.load(target), temperature, top_k, top_p)
+    # The rejection coupling's law (the Gumbel coupling's: tests/runtime/test_gumbel_coupling.py).
     with LLM(target, draft=draft, mode="sd", k=2, max_model_len=32, max_batch=max_batch,
-             max_batched_tokens=8192, **placement) as sd:
+             max_batched_tokens=8192, coupling="rejection", **placement) as sd:
         laws = views(joint)
         n = max(samples_for_power(law, tv=0.01, alpha=0.001, power=0.9) for law in laws)
         params = [SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
@@ -124,7 +125,8 @@ def test_seeded_output_does_not_depend_on_batch(small_pair):
     p = SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True, seed=5)
     # One draft kernel path for every batch size (by default forwards of 4+ rows
     # take the bf16 pair kernels and smaller ones the exact path).
-    with LLM(target, draft=draft, mode="sd", k=2, max_model_len=64, draft_matmul_min_rows=1) as sd:
+    with LLM(target, draft=draft, mode="sd", k=2, max_model_len=64, draft_matmul_min_rows=1,
+             coupling="rejection") as sd:
         alone = sd.generate([PROMPT], p)[0].token_ids
         noise = [SamplingParams(temperature=0.8, max_tokens=30, ignore_eos=True, seed=s) for s in range(5)]
         crowd = sd.generate([PROMPT[:2]] * 2 + [PROMPT] + [PROMPT[:3]] * 3, noise[:2] + [p] + noise[2:])

@@ -94,6 +94,8 @@ FANOUT = [2, 2, 2]  # F_0..F_K for k = 2: two of the three possible bonus tokens
 def run_law(small_pair, temperature, top_k, top_p, max_batch, seed0=9_000_000, **engine):
     """Samples the law test's size from ssd; returns (outputs, stats, target laws)."""
     target, draft = small_pair
+    # The rejection coupling's law (the Gumbel coupling's: tests/runtime/test_gumbel_coupling.py).
+    engine = {"coupling": "rejection", **engine}
     with LLM(target, draft=draft, mode="ssd", k=2, max_model_len=32, max_batch=max_batch,
              max_batched_tokens=8192, fanout=FANOUT, **engine) as ssd:
         joint = law.exact_joint(ssd.model, PROMPT, N_TOKENS, VOCAB, temperature, top_k, top_p)
@@ -199,7 +201,8 @@ def test_seeded_law_run_does_not_depend_on_batch(small_pair):
     runs = []
     for max_batch in (512, 4, 1):
         with LLM(target, draft=draft, mode="ssd", k=2, max_model_len=32, max_batch=max_batch,
-                 fanout=FANOUT, saguaro_c=0.3, fallback="neural", draft_matmul_min_rows=1) as ssd:
+                 fanout=FANOUT, saguaro_c=0.3, fallback="neural", draft_matmul_min_rows=1,
+                 coupling="rejection") as ssd:
             runs.append([o.token_ids for o in ssd.generate([PROMPT] * len(params), params)])
             assert ssd.stats()["cache_hits"] > 0
     assert runs[0] == runs[1] == runs[2]

@@ -7,6 +7,8 @@ position's marginal and one cross-round pair against the target's exact law);
 each path also runs with a deliberately broken variant (a TestingConfig fault)
 that its law test must reject. The broken runs take a fraction of the law
 test's samples: rejecting with fewer samples shows the full test's power.
+These are the rejection coupling's paths (coupling="rejection"); the Gumbel
+coupling's are in test_gumbel_coupling.py.
 """
 import random
 
@@ -47,7 +49,7 @@ def sampled(n, temperature, top_k, top_p, seed0, max_tokens=N_TOKENS):
 def run(small_pair, settings, engine, testing=None, fraction=1, max_tokens=N_TOKENS):
     """Samples PROMPT's law test (or `1 / fraction` of it) from ssd; returns (outputs, stats, laws)."""
     target, draft = small_pair
-    engine = {"max_model_len": 32, "max_batch": 512, **engine}
+    engine = {"max_model_len": 32, "max_batch": 512, "coupling": "rejection", **engine}
     with LLM(target, draft=draft, mode="ssd", k=K, fanout=FANOUT, max_batched_tokens=8192, testing=testing,
              **engine) as ssd:
         laws = target_laws(ssd.model, *settings)
@@ -139,7 +141,7 @@ def run_mixed(small_pair, testing=None, fraction=1):
     target, draft = small_pair
     prompts = greedy_prompts()
     with LLM(target, draft=draft, mode="ssd", k=K, max_model_len=32, max_batch=512, max_batched_tokens=8192,
-             testing=testing, **MIXED_ENGINE) as ssd:
+             testing=testing, coupling="rejection", **MIXED_ENGINE) as ssd:
         laws = {kind: target_laws(ssd.model, *s) for kind, s in MIXED_SETTINGS.items()}
         argmax_paths = [np.unravel_index(int(j.argmax()), j.shape) for j in
                         (law.exact_joint(ssd.model, p, N_TOKENS, VOCAB, 0.0, 0, 1.0) for p in prompts)]

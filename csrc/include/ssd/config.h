@@ -95,6 +95,11 @@ struct EngineConfig {
   int64_t fanout_budget = 0;           ///< B = sum F_j; 0: auto (the tree fits in one verify)
   double saguaro_c = 1.0;              ///< C of SAGUARO sampling (1: plain sampling)
   std::string fallback = "auto";       ///< on a cache miss: "auto", "neural" or "fast"
+  /// How sampled draws are coupled (every mode): "rejection" (the draft
+  /// samples on its own, the target verifies by rejection sampling) or
+  /// "gumbel" (keyed Gumbel-max noise shared by draft and target; the output
+  /// is the autoregressive sample whatever the draft proposes).
+  std::string coupling = "gumbel";
   /// sd/ssd: draft forwards over at least this many rows (the ssd tree, sd
   /// batches) use the bf16 pair kernels (AVX512-BF16); 0 turns them off.
   int64_t draft_matmul_min_rows = 4;
@@ -146,6 +151,9 @@ struct TestingConfig {
   /// answering nothing, as if it had died; the engine must fail the affected
   /// requests with an error instead of waiting forever.
   bool fault_worker_dies = false;
+  /// coupling "gumbel": the target draws every position with the noise of
+  /// position 0, so a request's tokens are correlated.
+  bool fault_shared_noise = false;
   /// ssd: the draft KV holds only this many blocks beyond the sequences'
   /// own (0: room for a full tree of every sequence), so trees run out.
   int64_t tree_blocks = 0;

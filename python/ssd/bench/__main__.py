@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from ssd.cli import _budget, _fanout  # the engine options' parsers, shared with `ssd`
+from ssd.config import EngineConfig
 
 from .core import DATASETS, MODES, BenchConfig, run_bench
 from .record import BENCH_PROG, command_line, write_result
@@ -28,6 +29,8 @@ SUBCOMMANDS = {
             "batch-1 ar decode of an 8B-shaped bf16 target against the bandwidth bound, and greedy sd beside it"),
     "fallback": ("ssd.bench.fallback", "--auto FILE [--json FILE] [--plot FILE]",
                  "ssd with the neural and the fast cache-miss fallback forced, beside a default run's auto"),
+    "coupling": ("ssd.bench.coupling", "[--temperature 0.7,1.0] [--saguaro-c 1,0.5] [--json FILE] [--plot FILE]",
+                 "sd and ssd under the rejection and the Gumbel coupling: acceptance, hit rate, tok/s"),
 }
 # bench/kernels/<script> -> (its arguments, what it measures); run from the source tree's root.
 KERNEL_BENCHES = {
@@ -36,6 +39,7 @@ KERNEL_BENCHES = {
     "bench_fork_select.py": ("[--json FILE]", "fork_select"),
     "bench_saguaro_sample.py": ("[--json FILE]", "saguaro_sample (SAGUARO sampling)"),
     "bench_verify.py": ("[--json FILE] [--repeats N]", "verify (rejection sampling)"),
+    "bench_gumbel_sample.py": ("[--json FILE]", "gumbel_sample (the Gumbel coupling's draw)"),
     "bench_kv_commit.py": ("[--json FILE]", "kv_commit: time and bytes moved"),
 }
 
@@ -105,6 +109,7 @@ def parse_args(argv=None) -> tuple[BenchConfig, argparse.Namespace]:
     ap.add_argument("--fanout-budget", type=_budget, default="auto")
     ap.add_argument("--saguaro-c", type=float, default=1.0)
     ap.add_argument("--fallback", default="auto", choices=["auto", "neural", "fast"])
+    ap.add_argument("--coupling", default=EngineConfig.coupling, choices=["rejection", "gumbel"])
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--target-threads", type=int, default=1)
     ap.add_argument("--draft-threads", type=int, default=1)
@@ -131,6 +136,7 @@ def parse_args(argv=None) -> tuple[BenchConfig, argparse.Namespace]:
                       num_prompts=args.num_prompts, max_tokens=args.max_tokens, batches=args.batch,
                       temperatures=args.temperature, modes=args.modes, k=args.k, fanout=args.fanout,
                       fanout_budget=args.fanout_budget, saguaro_c=args.saguaro_c, fallback=args.fallback,
+                      coupling=args.coupling,
                       dtype=args.dtype, target_threads=args.target_threads, draft_threads=args.draft_threads,
                       same_total_hardware=not args.no_same_total_hardware, peers=args.peers, seed=args.seed)
     if args.quick:
@@ -177,8 +183,10 @@ def print_table(result: dict, out=sys.stdout) -> None:
             print(f"{lead} requested acceptance {pair['requested']['acceptance']}, cost ratio "
                   f"{pair['requested']['cost_ratio']}; measured agreement {pair['measured']['agreement']:.3f}",
                   file=out)
+    # Results saved before EngineConfig.coupling existed ran what is now "rejection".
     print(f"k={cfg['k']} fanout={cfg['fanout']} budget={cfg['fanout_budget']} C={cfg['saguaro_c']} "
-          f"fallback={cfg['fallback']} dtype={cfg['dtype']} max_tokens={cfg['max_tokens']} "
+          f"fallback={cfg['fallback']} coupling={cfg.get('coupling', 'rejection')} dtype={cfg['dtype']} "
+          f"max_tokens={cfg['max_tokens']} "
           f"prompts/dataset={cfg['num_prompts']}", file=out)
     cols = [("dataset", 9, "<"), ("B", 2, ">"), ("T", 4, ">"), ("mode", 11, "<"), ("placement", 38, "<"),
             ("dec tok/s", 9, ">"), ("pred", 8, ">"), ("x AR", 5, ">"), ("pred x", 6, ">"), ("e2e", 8, ">"),

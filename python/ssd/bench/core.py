@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass, field
 
 from tqdm import tqdm
 
+from ssd.config import EngineConfig
+
 from .record import machine
 
 DATASETS = ("humaneval", "mtbench", "sharegpt", "random")
@@ -36,6 +38,7 @@ class BenchConfig:
     fanout_budget: str | int = "auto"
     saguaro_c: float = 1.0
     fallback: str = "auto"
+    coupling: str = EngineConfig.coupling  # the engine's default
     dtype: str = "float32"
     target_threads: int = 1
     draft_threads: int = 1
@@ -115,7 +118,7 @@ def run_engine(target, draft, mode: str, prompts: list, cfg: BenchConfig, batch:
 
     max_len = min(cfg.max_model_len, target.config.max_position_embeddings)
     kwargs = dict(mode=mode, max_model_len=max_len, max_batch=batch, target_threads=target_threads,
-                  draft_threads=cfg.draft_threads, dtype=cfg.dtype, k=cfg.k)
+                  draft_threads=cfg.draft_threads, dtype=cfg.dtype, k=cfg.k, coupling=cfg.coupling)
     if mode == "ssd":
         kwargs.update(fanout=cfg.fanout, fanout_budget=cfg.fanout_budget, saguaro_c=cfg.saguaro_c,
                       fallback=cfg.fallback)
@@ -145,6 +148,7 @@ def run_engine(target, draft, mode: str, prompts: list, cfg: BenchConfig, batch:
     counters = {key: after[key] - before[key] for key in _C.counter_names()}
     metrics = _C.speed_metrics(counters)
     return {"mode": mode, "batch_size": batch, "temperature": temperature, "k": cfg.k if mode != "ar" else 0,
+            "coupling": cfg.coupling, "saguaro_c": cfg.saguaro_c if mode == "ssd" else None,
             "target_threads": target_threads, "draft_threads": cfg.draft_threads if mode == "ssd" else 0,
             "placement": placement_name(mode, target_threads, cfg),
             "decode_tok_per_s": decode_tokens / decode_s if decode_s > 0 else 0.0,

@@ -239,3 +239,40 @@ def write_fallback_plot(path: Path, rows: list[dict], title: str) -> Path:
     # A one-panel figure is narrow: wrap the title rather than cut it.
     fig.suptitle(textwrap.fill(title, 90 if len(temps) > 1 else 80), fontsize=10)
     return _save(plt, fig, path, dpi=110)
+
+
+def write_coupling_plot(path: Path, runs: list[dict]) -> Path:
+    """Grouped bars per (dataset, temperature): decode tok/s of ar and of sd and ssd under each coupling
+    (ssd at each C), with each speculative run's acceptance written above its bar."""
+    plt = _pyplot()
+    points = sorted({(r["dataset"], r["temperature"]) for r in runs})
+    kinds = []
+    for r in runs:
+        kind = (r["mode"], r["coupling"] if r["mode"] != "ar" else "", r["saguaro_c"] if r["mode"] == "ssd" else None)
+        if kind not in kinds:
+            kinds.append(kind)
+    width = 0.8 / len(kinds)
+    fig, ax = plt.subplots(figsize=(max(8.0, 2.2 * len(points)), 4.6))
+    for i, (mode, coupling, c) in enumerate(kinds):
+        xs, ys, accs = [], [], []
+        for j, point in enumerate(points):
+            r = next((r for r in runs if (r["dataset"], r["temperature"]) == point and r["mode"] == mode
+                      and (mode == "ar" or r["coupling"] == coupling) and (mode != "ssd" or r["saguaro_c"] == c)), None)
+            if r is not None:
+                xs.append(j - 0.4 + (i + 0.5) * width)
+                ys.append(r["decode_tok_per_s"])
+                accs.append(r.get("acceptance_rate") if mode != "ar" else None)
+        label = mode if mode == "ar" else f"{mode} {coupling}" + (f" C={c:g}" if c is not None else "")
+        bars = ax.bar(xs, ys, width, label=label, color=MODE_COLORS[mode],
+                      alpha=1.0 if coupling in ("gumbel", "") else 0.45,
+                      hatch="//" if c is not None and c < 1 else None, edgecolor="white")
+        for bar, acc in zip(bars, accs):
+            if acc is not None:
+                ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), f"{acc:.2f}", ha="center",
+                        va="bottom", fontsize=6)
+    ax.set_xticks(range(len(points)), [f"{d}\nT={t:g}" for d, t in points])
+    ax.set_ylabel("decode tokens/s (batch 1)")
+    ax.set_title("sd and ssd under the rejection and the Gumbel coupling (numbers: acceptance)", fontsize=10)
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(axis="y", alpha=0.3)
+    return _save(plt, fig, path, dpi=110)

@@ -33,6 +33,9 @@ class TestingConfig:
     fault_worker_dies: in mode ssd the draft worker's thread ends at its first
     verification outcome without answering, as if it had died; the engine must
     end the affected requests with an error instead of waiting forever.
+    fault_shared_noise: with coupling "gumbel", the target draws every
+    position with the noise of position 0 (shared across positions), so a
+    request's tokens are correlated.
     tree_blocks: in mode ssd the draft KV holds only this many blocks beyond
     the sequences' own (0: room for a full tree of every sequence), so
     speculation trees run out of blocks and stay partial.
@@ -47,6 +50,7 @@ class TestingConfig:
     fault_truncated_q: bool = False
     fault_batch_top_kp: bool = False
     fault_worker_dies: bool = False
+    fault_shared_noise: bool = False
     tree_blocks: int = 0
 
     def __post_init__(self):
