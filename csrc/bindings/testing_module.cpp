@@ -7,6 +7,7 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include "../kernels/cpu/gumbel.h"
 #include "../kernels/cpu/linear.h"
 #include "../kernels/cpu/ops.h"
 #include "../kernels/cpu/sampling.h"
@@ -186,6 +187,22 @@ void bind_kernel_pieces(py::module_& m) {
   m.def("keyed_uniform", [](uint64_t seed, uint64_t position, uint64_t purpose) {
     return kernels::keyed_uniform(seed, position, static_cast<kernels::RandomPurpose>(purpose));
   });
+  m.def(
+      "gumbel_top",
+      [](const at::Tensor& probs, uint64_t seed, uint64_t position, int64_t depth) {
+        const at::Tensor p = probs.to(at::kFloat).contiguous();
+        TORCH_CHECK(p.dim() == 1, "probs must be 1-D [vocab]");
+        TORCH_CHECK(depth >= 0, "depth must be >= 0");
+        std::vector<int32_t> ids(static_cast<size_t>(depth));
+        std::vector<double> scores(static_cast<size_t>(depth));
+        const int64_t n = kernels::gumbel_top(p.data_ptr<float>(), p.numel(), kernels::gumbel_row_key(seed, position),
+                                              depth, ids.data(), scores.data());
+        ids.resize(static_cast<size_t>(n));
+        scores.resize(static_cast<size_t>(n));
+        return std::make_pair(ids, scores);
+      },
+      py::arg("probs"), py::arg("seed"), py::arg("position"), py::arg("depth"),
+      "The `depth` best tokens of probs' support by probs_t / E_t at (seed, position): (ids, scores).");
 }
 
 // A parsed JSON value as the Python object json.loads gives for the same text.

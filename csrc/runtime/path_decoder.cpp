@@ -231,8 +231,10 @@ int64_t PathDecoder::take_rows(const StepBatch& batch, const float* rows, int64_
     DraftPath* p = sampling[r];
     p->out.push_back(static_cast<int32_t>(draw.tokens[r]));
     std::copy(draw.probs.begin() + r * vocab_, draw.probs.begin() + (r + 1) * vocab_, p->q.begin() + step * vocab_);
-    p->ranked[step] = rank_row(*p->seq, z.data() + r * vocab_, draw.probs.data() + r * vocab_, draw.positions[r],
-                               ranking);
+    // Ranked by the draft's own distribution q: with C < 1 the row sampled
+    // from (sigma) pushes down exactly the likeliest target draws.
+    const float* q = config_.saguaro_c < 1.0 ? nullptr : draw.probs.data() + r * vocab_;
+    p->ranked[step] = rank_row(*p->seq, z.data() + r * vocab_, q, draw.positions[r], ranking);
   }
   return n;
 }

@@ -88,7 +88,8 @@ class PathDecoder {
   Ranking ranking_for(const std::vector<DraftPath>& paths, const std::vector<int64_t>& fanout) const;
   StepBatch gather(std::vector<DraftPath>& paths, int64_t step, DraftForwards purpose);
   /// The ranked list of a row that draws the token at `position` of `s`
-  /// (q: the row sampled from, or null to process the logits here).
+  /// (q: the draft's processed row when at hand, or null to process the
+  /// logits here). Not thread-safe: it reuses one buffer.
   RankedTokens rank_row(const DraftSequence& s, const float* logits, const float* q, int64_t position,
                         const Ranking& ranking);
   /// Ranks score rows and samples the rest; returns how many paths sampled.

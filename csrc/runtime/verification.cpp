@@ -60,11 +60,11 @@ Verdict verify_proposal(const float* target_rows, int64_t vocab, const Proposal&
 }
 
 Verdict verify_gumbel(const float* target_rows, int64_t vocab, const Proposal& proposal,
-                      const SamplingParams& params, uint64_t seed, int64_t start, const Coupling& coupling) {
+                      const SamplingParams& params, uint64_t seed, int64_t start, const Coupling& coupling,
+                      std::vector<float>& p, kernels::LogitsScratch& scratch) {
   const auto count = static_cast<int64_t>(proposal.tokens.size());
   check_finite(target_rows, (1 + count) * vocab);
-  std::vector<float> p(static_cast<size_t>(vocab));
-  kernels::LogitsScratch scratch;
+  p.resize(static_cast<size_t>(vocab));
   for (int64_t i = 0;; ++i) {
     const float* row = target_rows + i * vocab;
     int32_t token;
@@ -79,7 +79,8 @@ Verdict verify_gumbel(const float* target_rows, int64_t vocab, const Proposal& p
 }
 
 Verdict Verifier::verify(const float* target_rows, int64_t vocab, const Proposal& proposal, const Sequence& seq) {
-  // Without TestingConfig's deliberate faults (config.h) this is verify_proposal at seq.len().
+  // Without TestingConfig's deliberate faults (config.h) this is the coupling's
+  // verification (verify_proposal or verify_gumbel) at seq.len().
   SamplingParams params = seq.params;
   if (testing_.fault_batch_top_kp) {
     if (!has_first_) first_ = seq.params;
@@ -88,7 +89,8 @@ Verdict Verifier::verify(const float* target_rows, int64_t vocab, const Proposal
     params.top_p = first_.top_p;
   }
   const int64_t key = testing_.fault_resume_stream && seq.preempted_len > 0 ? seq.preempted_len : seq.len();
-  if (coupling_.gumbel) return verify_gumbel(target_rows, vocab, proposal, params, seq.seed, key, coupling_);
+  if (coupling_.gumbel)
+    return verify_gumbel(target_rows, vocab, proposal, params, seq.seed, key, coupling_, probs_, scratch_);
   return verify_proposal(target_rows, vocab, proposal, params, seq.seed, key, testing_.fault_fast_argmax);
 }
 

@@ -32,13 +32,17 @@ Verdict verify_proposal(const float* target_rows, int64_t vocab, const Proposal&
 /// is its Gumbel-max draw (the token ar samples there); the proposals are
 /// accepted while they equal it, and the first draw they miss (or the one
 /// after them all) is the bonus. q is never read. Temperature 0: greedy.
+/// probs and scratch: buffers reused between calls.
 Verdict verify_gumbel(const float* target_rows, int64_t vocab, const Proposal& proposal,
-                      const SamplingParams& params, uint64_t seed, int64_t start, const Coupling& coupling);
+                      const SamplingParams& params, uint64_t seed, int64_t start, const Coupling& coupling,
+                      std::vector<float>& probs, kernels::LogitsScratch& scratch);
 
 /// The engine's verifier: verifies a sequence's round at its current length,
 /// with the sequence's own settings and keyed draws. Its only state serves
 /// TestingConfig's deliberate faults (fault_resume_stream,
-/// fault_batch_top_kp, fault_fast_argmax); without them it is verify_proposal.
+/// fault_batch_top_kp, fault_fast_argmax, and the coupling's
+/// fault_shared_noise); without them it is verify_proposal, or verify_gumbel
+/// under the Gumbel coupling.
 class Verifier {
  public:
   Verifier(const TestingConfig& testing, const Coupling& coupling) : testing_(testing), coupling_(coupling) {}
@@ -49,6 +53,8 @@ class Verifier {
  private:
   TestingConfig testing_;
   Coupling coupling_;
+  std::vector<float> probs_;  // verify_gumbel's buffers
+  kernels::LogitsScratch scratch_;
   bool has_first_ = false;  // fault_batch_top_kp: the first request's settings are taken
   SamplingParams first_;
 };

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import ssd._C  # noqa: F401  registers torch.ops.ssd
-from tests.reference.gumbel_ref import gumbel_token, mix64, uniform
+from tests.reference.gumbel_ref import gumbel_token, mix64, row_key, uniform
 from tests.reference.stats import g_test, samples_for_power
 
 OP = torch.ops.ssd.gumbel_sample
@@ -205,6 +205,24 @@ def test_shared_noise_couples_two_laws(spread):
     independent = float((p * q).sum())
     assert abs(apart - independent) < slack
     assert independent < (1 - tv) / (1 + tv) - 2 * slack
+
+
+@pytest.mark.parametrize("kind", ["softmax", "peaked", "top_k", "ties"])
+@pytest.mark.parametrize("depth", [1, 2, 5, 40])
+def test_top_tokens_match_reference(kind, depth):
+    """gumbel_top (the ssd tree's ranking of candidates): the depth best of a full scan by
+    (score desc, id asc), scores included; its pruning skips only tokens that cannot enter."""
+    from ssd import _C
+
+    for i, (vocab, seed, position) in enumerate([(7, 0, 0), (1000, 2**64 - 1, 12), (5000, 99, 2**40)]):
+        probs = make_probs(1, vocab, kind, seed=i + depth)[0]
+        ids, scores = _C.testing.gumbel_top(probs, seed, position, depth)
+        key = row_key(seed, position)
+        support = [t for t, p in enumerate(probs.tolist()) if p > 0]
+        full = sorted(((probs[t].item() / -math.log((mix64(key ^ t) >> 12) * 2.0**-52 + 2.0**-53), t)
+                       for t in support), key=lambda x: (-x[0], x[1]))[:depth]
+        assert ids == [t for _, t in full], (vocab, kind, depth)
+        assert scores == pytest.approx([s for s, _ in full], rel=1e-15)
 
 
 def small_args(n=3, vocab=11):

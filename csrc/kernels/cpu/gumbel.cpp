@@ -8,8 +8,6 @@ namespace ssd::kernels {
 
 namespace {
 
-constexpr double kInvTwoPow52 = 1.0 / 4503599627370496.0;  // 2^-52
-
 // Skips a token only when 1 - u_t >= probs_t / threshold * (1 + margin):
 // then E_t > probs_t / threshold by far more than rounding, so the score
 // probs_t / E_t is strictly below the threshold.
@@ -37,7 +35,7 @@ int64_t gumbel_top(const float* probs, int64_t vocab, uint64_t row_key, int64_t 
     const uint64_t m = gumbel_bits(row_key, t);
     if (skip_scale > 0.0) {
       // 1 - u_t, exactly: (2^52 - 1 - m + 0.5) * 2^-52.
-      const double one_minus_u = (static_cast<double>(((uint64_t{1} << 52) - 1) - m) + 0.5) * kInvTwoPow52;
+      const double one_minus_u = (static_cast<double>(((uint64_t{1} << 52) - 1) - m) + 0.5) * kGumbelGridStep;
       if (one_minus_u >= static_cast<double>(p) * skip_scale) continue;
     }
     const double e = gumbel_exponential(row_key, t);

@@ -22,6 +22,9 @@ SSD_HOST_DEVICE inline uint64_t gumbel_row_key(uint64_t seed, uint64_t position)
   return mix64(h ^ static_cast<uint64_t>(RandomPurpose::kGumbel));
 }
 
+/// 2^-52: the step of the uniforms' grid.
+inline constexpr double kGumbelGridStep = 1.0 / 4503599627370496.0;
+
 /// The top 52 bits of the token's hash under the row key.
 SSD_HOST_DEVICE inline uint64_t gumbel_bits(uint64_t row_key, int64_t token) {
   return mix64(row_key ^ static_cast<uint64_t>(token)) >> 12;
@@ -30,12 +33,12 @@ SSD_HOST_DEVICE inline uint64_t gumbel_bits(uint64_t row_key, int64_t token) {
 /// u_t in the open interval (0, 1) with 52 random bits of (row key, token):
 /// u = (m + 0.5) * 2^-52 with m = gumbel_bits, so u and 1 - u are exact doubles.
 SSD_HOST_DEVICE inline double gumbel_uniform(uint64_t row_key, int64_t token) {
-  return (static_cast<double>(gumbel_bits(row_key, token)) + 0.5) * (1.0 / 4503599627370496.0);
+  return (static_cast<double>(gumbel_bits(row_key, token)) + 0.5) * kGumbelGridStep;
 }
 
 /// E_t = -log(u_t): an Exp(1) variate; p_t / E_t ranks tokens like log p_t + g_t.
 SSD_HOST_DEVICE inline double gumbel_exponential(uint64_t row_key, int64_t token) {
-  return -log(gumbel_uniform(row_key, token));
+  return -::log(gumbel_uniform(row_key, token));  // ::, not ssd::log (ssd/log.h)
 }
 
 /// The `depth` best tokens of probs' support (probs_t > 0) by probs_t / E_t

@@ -1,13 +1,14 @@
 // Gumbel-max draws on NVIDIA GPUs; kernels/cpu/gumbel.cpp is the oracle. One
 // block per row: every thread computes its tokens' noise with the CPU's own
-// inline functions (gumbel.h, compiled for the device), scores p_t / E_t in double over
-// the support, and the block takes the best score, then the lowest id holding
-// it. Both reductions are exact (max, min), so the token never depends on
-// scheduling. The full scan needs none of the CPU's pruning, which provably
-// never changes the result.
-// Tolerance against the CPU: CUDA's double log is within 1 ulp of glibc's, so
-// E_t can differ in its last bit and the draw can differ only where the two
-// best scores lie within ~1e-16 (relative) of each other.
+// inline functions (gumbel.h, compiled for the device), scores p_t / E_t in
+// double over the support, and the block takes the best score, then the
+// lowest id holding it. Both reductions are exact (max, min), so the token
+// never depends on scheduling. The full scan needs none of the CPU's
+// pruning, which provably never changes the result.
+// Tolerance against the CPU: CUDA's double log and glibc's are each within
+// 1 ulp of the exact value (so up to 2 ulp apart): E_t can differ in its last
+// bits, and the draw only where the two best scores lie within ~1e-16
+// (relative) of each other.
 #include <cstdint>
 
 #include "../cpu/gumbel.h"

@@ -21,13 +21,14 @@ class TestingConfig:
     The fault_* switches are deliberately WRONG, each on one path: they break
     the output law there, and the law tests use them to show that they can fail.
     fault_fast_argmax: one-hot (fast fallback) proposals are verified greedily
-    at any temperature.
+    at any temperature (coupling "rejection" only: the Gumbel verification
+    never reads q).
     fault_resume_stream: after a preemption, the resumed sequence keys every
     later verification's draws by the length it resumed at (derived once, never
     advanced), so all its rounds repeat one set of draws.
     fault_truncated_q: in mode ssd, a round verifying fewer proposals than its
     speculation holds (max_model_len or KV room cut it) pairs them with the
-    speculation's last q rows instead of its first.
+    speculation's last q rows instead of its first (coupling "rejection" only).
     fault_batch_top_kp: the verifier applies the first verified request's
     top-k and top-p to every later request, as if they were batch-wide.
     fault_worker_dies: in mode ssd the draft worker's thread ends at its first
