@@ -15,7 +15,7 @@ import random
 
 import pytest
 
-from ssd import LLM, SamplingParams
+from ssd import LLM, EngineConfig, SamplingParams
 from ssd.testing import TestingConfig
 from tests.reference import law
 from tests.reference.stats import g_test, samples_for_power
@@ -182,7 +182,6 @@ def test_rejection_coupling_depends_on_the_draft(pair):
 
 def test_coupling_is_validated():
     with pytest.raises(ValueError, match="coupling: must be 'rejection' or 'gumbel', got 'gumble'"):
-        from ssd import EngineConfig
         EngineConfig(coupling="gumble")
 
 
