@@ -37,19 +37,8 @@ double RankedTokens::prob_of(int32_t token) const {
 RankedTokens RankedTokens::of(const float* logits, int64_t vocab, int64_t depth, bool with_probs) {
   // The fork_select kernel ranks any row by (value desc, id asc); one
   // position with nothing drafted there is a plain top-`depth` of the row.
-  const int64_t fanout = depth;
   std::vector<int64_t> best(static_cast<size_t>(depth));
-  int64_t count = 0;
-  kernels::ForkSelectParams p;
-  p.probs = logits;
-  p.fanout = &fanout;
-  p.batch = 1;
-  p.positions = 1;
-  p.vocab = vocab;
-  p.max_fanout = depth;
-  p.candidates = best.data();
-  p.counts = &count;
-  kernels::fork_select(p);
+  const int64_t count = kernels::top_of_row(logits, vocab, depth, best.data());
   RankedTokens r;
   r.tokens.assign(best.begin(), best.begin() + count);
   if (with_probs && !r.tokens.empty()) {

@@ -114,17 +114,7 @@ TokenLogprobs LogprobReporter::report(const float* logits, int64_t vocab, const 
   if (n <= 0) return out;
   // The top n by (probability desc, id asc): the one top-F selection, fork_select.
   best_.resize(static_cast<size_t>(n));
-  int64_t count = 0;
-  kernels::ForkSelectParams f;
-  f.probs = probs_.data();
-  f.fanout = &n;
-  f.batch = 1;
-  f.positions = 1;
-  f.vocab = vocab;
-  f.max_fanout = n;
-  f.candidates = best_.data();
-  f.counts = &count;
-  kernels::fork_select(f);
+  const int64_t count = kernels::top_of_row(probs_.data(), vocab, n, best_.data());
   for (int64_t i = 0; i < count && probs_[best_[i]] > 0.0f; ++i) {
     out.top_tokens.push_back(static_cast<int32_t>(best_[i]));
     out.top_logprobs.push_back(static_cast<float>(std::log(static_cast<double>(probs_[best_[i]]))));

@@ -54,4 +54,19 @@ void fork_select(const ForkSelectParams& p) {
   }
 }
 
+int64_t top_of_row(const float* row, int64_t vocab, int64_t depth, int64_t* best) {
+  int64_t count = 0;
+  ForkSelectParams p;
+  p.probs = row;
+  p.fanout = &depth;
+  p.batch = 1;
+  p.positions = 1;
+  p.vocab = vocab;
+  p.max_fanout = depth;
+  p.candidates = best;
+  p.counts = &count;
+  fork_select(p);
+  return count;
+}
+
 }  // namespace ssd::kernels

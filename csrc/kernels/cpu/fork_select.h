@@ -31,4 +31,8 @@ struct ForkSelectParams {
 /// nothing drafted), so this is the code base's one top-F selection.
 void fork_select(const ForkSelectParams& params);
 
+/// fork_select over one row with nothing drafted: the `depth` best ids of
+/// row[vocab] by (value desc, id asc) into best[0..count); returns count.
+int64_t top_of_row(const float* row, int64_t vocab, int64_t depth, int64_t* best);
+
 }  // namespace ssd::kernels
