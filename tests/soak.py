@@ -33,12 +33,12 @@ from tests.reference.tiny_models import TinySpec, build_tiny_model
 VOCAB = 256
 ENGINES = {  # name: engine settings (target and draft are added)
     "ar": dict(mode="ar"),
-    "sd": dict(mode="sd", k=4),
-    "ssd-auto": dict(mode="ssd", k=4, fallback="auto"),
-    "ssd-fast-geometric": dict(mode="ssd", k=3, fallback="fast", fanout="geometric"),
-    "ssd-preempting": dict(mode="ssd", k=4, kv_block_size=8, kv_capacity_tokens=160, max_batch=16),
+    "sd": dict(mode="sd", adaptive=False, k=4),
+    "ssd-auto": dict(mode="ssd", adaptive=False, k=4, fallback="auto"),
+    "ssd-fast-geometric": dict(mode="ssd", adaptive=False, k=3, fallback="fast", fanout="geometric"),
+    "ssd-preempting": dict(mode="ssd", adaptive=False, k=4, kv_block_size=8, kv_capacity_tokens=160, max_batch=16),
     # The target as its own draft: proposals are accepted and the cache hits.
-    "ssd-self-draft": dict(mode="ssd", k=4, draft_matmul_min_rows=0, self_draft=True),
+    "ssd-self-draft": dict(mode="ssd", adaptive=False, k=4, draft_matmul_min_rows=0, self_draft=True),
 }
 
 

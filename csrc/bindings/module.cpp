@@ -94,6 +94,7 @@ EngineConfig engine_config_from(const py::dict& d) {
   get(d, "coupling", c.coupling);
   get(d, "draft_matmul_min_rows", c.draft_matmul_min_rows);
   get(d, "batch_invariant", c.batch_invariant);
+  get(d, "adaptive", c.adaptive);
   c.validate();
   return c;
 }
@@ -125,15 +126,17 @@ TestingConfig testing_config_from(const py::dict& d) {
       {"fault_batch_top_kp", &t.fault_batch_top_kp},
       {"fault_worker_dies", &t.fault_worker_dies},
       {"fault_shared_noise", &t.fault_shared_noise},
+      {"fault_peek_target", &t.fault_peek_target},
   };
   for (auto item : d) {
     const auto key = item.first.cast<std::string>();
-    if (key != "tree_blocks" &&
+    if (key != "tree_blocks" && key != "forced_lookahead" &&
         std::none_of(std::begin(switches), std::end(switches), [&](const auto& s) { return key == s.first; }))
       throw std::invalid_argument("testing: unknown switch '" + key + "'");
   }
   for (const auto& [key, flag] : switches) get(d, key, *flag);
   get(d, "tree_blocks", t.tree_blocks);
+  get(d, "forced_lookahead", t.forced_lookahead);
   return t;
 }
 
@@ -176,8 +179,10 @@ py::dict stats_dict(const EngineStats& s) {
   put_fields(d, s.steps);
   put_fields(d, s.spec);
   put_fields(d, s.draft);
+  put_fields(d, s.adaptive);
   put_fields(d, s.engine);
   put_fields(d, s.plan);
+  put_fields(d, s.policy);
   add_speed(d, speed_metrics(s));
   return d;
 }
@@ -189,6 +194,7 @@ std::vector<std::string> counter_names() {
   StepCounters::fields(add);
   SpecCounters::fields(add);
   DraftCounters::fields(add);
+  AdaptiveCounters::fields(add);
   return names;
 }
 
@@ -231,6 +237,39 @@ void bind_speed_model(py::module_& m) {
       py::arg("t_b") = 0.0, py::arg("batch") = 1, py::arg("verify_cost") = 1.0, py::arg("overlapped") = true,
       "The one round-cost model (csrc/include/ssd/speed_model.h): {p_all_hit, tokens, time, speedup}; "
       "times in verify forwards, speedup over ar.");
+  m.def(
+      "plan_step",
+      [](const std::string& drafting, const std::vector<double>& acceptance, int64_t k,
+         const std::vector<std::pair<int64_t, double>>& forward, double draft_step, double tree, double fallback,
+         double hit_rate) {
+        static const std::pair<const char*, Drafting> kinds[] = {{"none", Drafting::kNone},
+                                                                 {"sequential", Drafting::kSequential},
+                                                                 {"trees", Drafting::kTrees},
+                                                                 {"misses", Drafting::kMisses}};
+        const auto kind = std::find_if(std::begin(kinds), std::end(kinds),
+                                       [&](const auto& x) { return drafting == x.first; });
+        if (kind == std::end(kinds))
+          throw std::invalid_argument("drafting: must be 'none', 'sequential', 'trees' or 'misses', got '" +
+                                      drafting + "'");
+        CostCurve curve;
+        for (const auto& [rows, seconds] : forward) curve.observe(rows, seconds);
+        StepCosts costs{&curve, draft_step, tree, fallback, hit_rate};
+        const StepPlan plan = plan_step(kind->second, acceptance, k, costs);
+        std::vector<int64_t> lookaheads;
+        for (double a : acceptance) lookaheads.push_back(lookahead_for(a, plan.threshold, k));
+        py::dict d;
+        d["threshold"] = plan.threshold;
+        d["tokens"] = plan.tokens;
+        d["seconds"] = plan.seconds;
+        d["tokens_per_second"] = plan.tokens_per_second();
+        d["lookaheads"] = lookaheads;
+        return d;
+      },
+      py::arg("drafting"), py::arg("acceptance"), py::arg("k"), py::arg("forward"), py::arg("draft_step") = 0.0,
+      py::arg("tree") = 0.0, py::arg("fallback") = 0.0, py::arg("hit_rate") = 0.0,
+      "The adaptive policy's step model (csrc/include/ssd/speed_model.h): the best plan of one drafting kind "
+      "for sequences of these per-proposal acceptances, forward = [(rows, seconds), ...] measured; "
+      "{threshold, tokens, seconds, tokens_per_second, lookaheads}.");
 }
 
 // The C++ log records, drained by python/ssd/_logging.py.

@@ -19,6 +19,7 @@
 #include "ssd/log.h"
 #include "../model/kv_cache.h"
 #include "../model/model.h"
+#include "adaptive_policy.h"
 #include "scheduler.h"
 #include "speculator.h"
 #include "verification.h"
@@ -150,6 +151,7 @@ class Engine::Impl {
     seq->tokens = std::move(request.prompt);
     seq->enqueued = Clock::now();
     seq->metrics.prompt_tokens = n;
+    seq->lookahead = config_.k;  // until the policy plans its first round
     return seq;
   }
 
@@ -225,6 +227,18 @@ class Engine::Impl {
       if (speculator_) speculator_->release(seq, false);
     for (Sequence* seq : plan.failed) finish(seq, FinishReason::kError, plan.failure, responses);
     std::vector<Proposal> proposals(plan.chunks.size());
+    // Each round verifies what its sequence's lookahead (decided before this step) says.
+    std::vector<Sequence*> decoding;
+    for (auto& c : plan.chunks)
+      if (c.speculative) {
+        c.draft_tokens = std::min(c.draft_tokens, c.seq->lookahead);
+        decoding.push_back(c.seq);
+      }
+    if (speculator_ && !decoding.empty()) {
+      EngineStats draft_side;
+      speculator_->stats(draft_side);
+      policy_.plan(decoding, draft_side.draft);
+    }
     if (speculator_ && !plan.chunks.empty())
       for (const auto& f : speculator_->propose(plan.chunks, proposals))
         finish(f.seq, stopping() ? FinishReason::kCancelled : FinishReason::kError, f.error, responses);
@@ -247,6 +261,7 @@ class Engine::Impl {
       return;
     }
     const double forward_s = seconds_since(t0);
+    policy_.observe_forward(static_cast<int64_t>(input.tokens.size()), forward_s);
     const int64_t emitted = postprocess(plan.chunks, proposals, logits, forward_s, responses);
     if (speculator_) speculator_->flush();
     record_step(plan, static_cast<int64_t>(input.tokens.size()), emitted, forward_s, t_step);
@@ -268,6 +283,7 @@ class Engine::Impl {
     }
     c.target_wait_seconds += speculator_ ? speculator_->wait_seconds() : 0.0;
     c.active_seconds += seconds_since(t_step);
+    policy_.stats(stats_);
     stats_.engine.peak_batch = std::max<int64_t>(stats_.engine.peak_batch, static_cast<int64_t>(plan.chunks.size()));
   }
 
@@ -295,7 +311,10 @@ class Engine::Impl {
         continue;
       }
       seq->num_computed += chunks[i].num_tokens;
-      if (speculator_ && seq->num_computed >= seq->len() - 1) speculator_->prefilled(seq);
+      if (speculator_ && seq->num_computed >= seq->len() - 1) {
+        policy_.first_round(seq);
+        speculator_->prefilled(seq);
+      }
       if (!chunks[i].wants_logits) continue;
       try {
         append_token(seq, sampler_.sample(rows, vocab_, seq->params, seq->seed, seq->len()), rows, responses);
@@ -326,6 +345,8 @@ class Engine::Impl {
     // The KV of the verified token and the accepted proposals stays.
     seq->num_computed = start + verdict.accepted;
     cache_->truncate(seq->table, seq->num_computed);
+    // The next round's lookahead, from this round's outcome: the worker hears it with the outcome.
+    policy_.after_round(seq, static_cast<int64_t>(proposal.tokens.size()), verdict.accepted, proposal.lookup);
     speculator_->verified(seq, proposal, verdict.accepted, verdict.bonus, forward_s);
     int64_t emitted = 0;
     bool finished = false;
@@ -416,6 +437,7 @@ class Engine::Impl {
   std::unique_ptr<runtime::Speculator> speculator_;  // null in mode "ar"
   std::unique_ptr<runtime::Scheduler> scheduler_;
   std::unique_ptr<kernels::ThreadPool> pool_;
+  runtime::AdaptivePolicy policy_{config_, testing_};
   runtime::Coupling coupling_ = runtime::Coupling::of(config_, testing_);
   runtime::TokenSampler sampler_{coupling_};
   runtime::LogprobReporter logprobs_;

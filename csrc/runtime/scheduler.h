@@ -31,6 +31,11 @@ struct Sequence {
   model::BlockTable table;
   RequestMetrics metrics;
   Clock::time_point enqueued;
+  // Speculative modes (adaptive_policy.h): what the sequence's next round
+  // verifies, and its acceptance estimate.
+  int64_t lookahead = 0;        ///< proposals the next round verifies (0: an autoregressive step)
+  bool trees = true;            ///< ssd: the draft builds a tree for the next round's outcomes
+  double kept = 0.0, tried = 0.0;  ///< recent proposals kept / verified (decayed)
 
   int64_t len() const { return static_cast<int64_t>(tokens.size()); }
   int64_t generated() const { return len() - prompt_len; }

@@ -1,5 +1,7 @@
 #include "sd_speculator.h"
 
+#include <chrono>
+
 #include "coupling.h"
 
 namespace ssd::runtime {
@@ -20,7 +22,14 @@ std::vector<DraftFailure> SdSpeculator::propose(std::vector<ScheduledChunk>& chu
     }
   if (seqs.empty()) return {};
   try {
+    const auto t0 = std::chrono::steady_clock::now();
     drafts_ = drafter_.draft(seqs, counts);
+    if (drafts_.slots > 0) {
+      counters_.draft_rounds += 1;
+      counters_.draft_forwards += drafts_.slots;
+      counters_.draft_round_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
   } catch (const std::exception& e) {
     // The whole batch was drafted together: every speculative chunk fails.
     std::vector<DraftFailure> failures;

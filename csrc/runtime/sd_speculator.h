@@ -17,10 +17,13 @@ class SdSpeculator final : public Speculator {
   void verified(Sequence* seq, const Proposal& proposal, int64_t accepted, int32_t bonus,
                 double verify_seconds) override;
   void release(Sequence* seq, bool finished) override;
+  /// Its drafting time (draft_round_seconds per drafting call, draft_forwards).
+  void stats(EngineStats& s) const override { s.draft = counters_; }
 
  private:
   SdDrafter drafter_;
   int64_t vocab_;
+  DraftCounters counters_;
   DraftBatch drafts_;  // owns the q rows of this round's proposals
 };
 

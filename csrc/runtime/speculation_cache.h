@@ -54,6 +54,8 @@ struct DraftSequence {
   std::vector<int32_t> spec;          ///< the outstanding speculation; empty when none
   std::vector<RankedTokens> ranked;   ///< [K + 1] ranked draft tokens per fork point
   SpecSource source = SpecSource::kStart;
+  int64_t verify = 0;                 ///< proposals of it the target verifies (the tree's last fork point)
+  bool trees = true;                  ///< the target asked for a tree of its outcomes
   bool treed = false;                 ///< the cache below answers the outstanding speculation
   std::vector<ShadowProposal> shadows;
   std::vector<TreeBranch> branches;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 
@@ -71,6 +72,125 @@ SpeedMetrics speed_metrics(const EngineStats& s) {
   }
   m.target_busy_fraction = ratio(s.steps.forward_seconds, s.steps.active_seconds);
   return m;
+}
+
+namespace {
+
+// Buckets: exact up to 32, then four per octave.
+int64_t bucket_of(int64_t size) {
+  if (size <= 32) return std::max<int64_t>(size, 1);
+  int64_t base = 32;
+  while (base * 2 <= size) base *= 2;
+  const int64_t step = base / 4;
+  return base + (size - base + step / 2) / step * step;
+}
+
+}  // namespace
+
+void CostCurve::observe(int64_t size, double seconds) {
+  if (size < 1 || !(seconds > 0)) return;
+  Point& p = points_[bucket_of(size)];
+  p.seconds = p.count <= 1 ? seconds : 0.8 * p.seconds + 0.2 * seconds;
+  p.count += 1;
+}
+
+double CostCurve::seconds(int64_t size) const {
+  if (points_.empty()) return 0.0;
+  const auto x = static_cast<double>(std::max<int64_t>(size, 1));
+  auto hi = points_.lower_bound(bucket_of(size));
+  if (hi == points_.begin()) return hi->second.seconds;  // at or below the smallest: flat
+  if (hi == points_.end()) {                              // above the largest: proportional
+    const auto& [last, p] = *points_.rbegin();
+    return p.seconds * std::max(1.0, x / static_cast<double>(last));
+  }
+  auto lo = std::prev(hi);
+  const double x0 = static_cast<double>(lo->first), x1 = static_cast<double>(hi->first);
+  const double t0 = lo->second.seconds, t1 = hi->second.seconds;
+  return t0 + (t1 - t0) * std::clamp((x - x0) / (x1 - x0), 0.0, 1.0);
+}
+
+bool CostCurve::measured_near(int64_t size) const {
+  const double x = static_cast<double>(std::max<int64_t>(size, 1));
+  return std::any_of(points_.begin(), points_.end(), [&](const auto& p) {
+    const double r = static_cast<double>(p.first) / x;
+    return r >= 1 / 1.5 && r <= 1.5;
+  });
+}
+
+const char* drafting_name(Drafting d) {
+  switch (d) {
+    case Drafting::kNone: return "none";
+    case Drafting::kSequential: return "sequential";
+    case Drafting::kTrees: return "trees";
+    case Drafting::kMisses: return "misses";
+  }
+  return "?";
+}
+
+double expected_tokens(double acceptance, int64_t V) {
+  double tokens = 0.0, run = 1.0;
+  for (int64_t j = 0; j <= V; ++j, run *= acceptance) tokens += run;
+  return tokens;
+}
+
+int64_t lookahead_for(double acceptance, double threshold, int64_t K) {
+  int64_t V = 0;
+  for (double gain = acceptance; V < K && gain >= threshold; gain *= acceptance) ++V;
+  return V;
+}
+
+StepPlan plan_step(Drafting d, const std::vector<double>& acceptance, int64_t K, const StepCosts& c) {
+  if (c.forward == nullptr || c.forward->empty()) throw std::invalid_argument("plan_step: no measured forward times");
+  check(K >= 0, "K", "must be >= 0", static_cast<double>(K));
+  check(c.hit_rate >= 0 && c.hit_rate <= 1, "hit_rate", "must be in [0, 1]", c.hit_rate);
+  for (double a : acceptance) check(a >= 0 && a < 1, "acceptance", "must be in [0, 1)", a);
+  const auto b = static_cast<int64_t>(acceptance.size());
+  // Every proposal's gain, best first; a sequence's gains fall with depth,
+  // so a prefix of this order verifies a prefix of each sequence's proposals.
+  struct Gain {
+    double gain;
+    size_t seq;
+  };
+  std::vector<Gain> gains;
+  if (d != Drafting::kNone)
+    for (size_t i = 0; i < acceptance.size(); ++i) {
+      double gain = acceptance[i];  // a^j as lookahead_for() computes it, so thresholds match exactly
+      for (int64_t j = 1; j <= K; ++j, gain *= acceptance[i]) gains.push_back({gain, i});
+    }
+  std::stable_sort(gains.begin(), gains.end(), [](const Gain& x, const Gain& y) { return x.gain > y.gain; });
+  std::vector<int64_t> V(acceptance.size(), 0);
+  int64_t max_v = 0, speculating = 0;
+  double tokens = static_cast<double>(b);
+  auto seconds = [&](int64_t rows) {
+    const double t = c.forward->seconds(rows);
+    switch (d) {
+      case Drafting::kNone: return t;
+      case Drafting::kSequential: return t + static_cast<double>(max_v) * c.draft_step;
+      case Drafting::kTrees:
+        return speculating == 0 ? t
+                                : std::max(t, c.tree) +
+                                      (1 - std::pow(c.hit_rate, static_cast<double>(speculating))) * c.fallback;
+      case Drafting::kMisses: return t + (speculating > 0 ? c.fallback : 0.0);
+    }
+    return t;
+  };
+  StepPlan best;
+  best.drafting = d;
+  best.tokens = tokens;
+  best.seconds = seconds(b);
+  for (size_t n = 0; n < gains.size(); ++n) {
+    const Gain& g = gains[n];
+    if (V[g.seq]++ == 0) ++speculating;
+    max_v = std::max(max_v, V[g.seq]);
+    tokens += g.gain;
+    const double t = seconds(b + static_cast<int64_t>(n) + 1);
+    if (t > 0 && tokens / t > best.tokens_per_second()) {
+      best.tokens = tokens;
+      best.seconds = t;
+      best.threshold = g.gain;
+    }
+  }
+  return best;
 }
 
 SpeedMetrics speed_metrics(const RequestMetrics& r) { return counting_metrics(r.spec, r.generated_tokens); }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -51,6 +52,7 @@ Speculation failure(RequestId id, uint64_t epoch, std::string error) {
 struct SsdDraftWorker::Batch {
   std::vector<Speculation> out;
   std::vector<DraftSequence*> misses, starts;
+  std::vector<DraftSequence*> idle;  ///< no speculation wanted: the draft only catches up
   int64_t outcomes = 0;
   DraftCounters counters;
 
@@ -58,6 +60,7 @@ struct SsdDraftWorker::Batch {
   void drop(const DraftSequence* s, SpeculationCache& sequences) {
     misses.erase(std::remove(misses.begin(), misses.end(), s), misses.end());
     starts.erase(std::remove(starts.begin(), starts.end(), s), starts.end());
+    idle.erase(std::remove(idle.begin(), idle.end(), s), idle.end());
     sequences.drop(s->id);
   }
   /// Ends every sequence of `seqs` (this batch's misses or starts) with `error`.
@@ -192,10 +195,36 @@ void SsdDraftWorker::handle(std::vector<SpecMessage>& messages) {
   for (const auto& r : batch.out) {
     if (!r.error.empty()) continue;
     DraftSequence* s = sequences_.find(r.id);
-    if (s != nullptr && !s->treed) to_tree.push_back(s);
+    if (s != nullptr && !s->treed && s->trees) to_tree.push_back(s);
   }
   publish(batch);
   if (!testing_.always_miss && !to_tree.empty()) build_trees(to_tree);
+  if (!batch.idle.empty()) catch_up(batch.idle);
+}
+
+void SsdDraftWorker::catch_up(const std::vector<DraftSequence*>& seqs) {
+  // The target runs these sequences autoregressively for now: while it does,
+  // the draft feeds their committed tokens (all but the last, which the next
+  // drafting feeds), so speculation resumes without a long catch-up. It
+  // waits for kCatchUpTokens of them: one forward over many rows costs about
+  // what one over a row per sequence does.
+  std::vector<DraftPath> paths;
+  for (DraftSequence* s : seqs) {
+    const int64_t end = static_cast<int64_t>(s->tokens.size()) - 1;
+    if (s->computed + kCatchUpTokens > end) continue;
+    paths.push_back(DraftPath::scoring(*s, s->table, s->computed,
+                                       {s->tokens.begin() + s->computed, s->tokens.begin() + end},
+                                       std::numeric_limits<int64_t>::max()));
+  }
+  if (paths.empty()) return;
+  try {
+    decoder_.decode(paths, fanout_, DraftForwards::kFallback);
+  } catch (const std::exception& e) {
+    // Only a head start is lost: the next drafting feeds what is missing.
+    SSD_LOG_INFO("ssd draft: catching up on " << paths.size() << " sequences failed: " << e.what());
+    return;
+  }
+  for (const DraftPath& p : paths) p.seq->computed = p.pos0 + static_cast<int64_t>(p.feed.size());
 }
 
 void SsdDraftWorker::read(std::vector<SpecMessage>& messages, Batch& batch) {
@@ -205,10 +234,15 @@ void SsdDraftWorker::read(std::vector<SpecMessage>& messages, Batch& batch) {
       case SpecMessage::Kind::kRelease:
         if (s != nullptr && s->epoch <= m.epoch) batch.drop(s, sequences_);
         break;
-      case SpecMessage::Kind::kStart:
+      case SpecMessage::Kind::kStart: {
         if (s != nullptr) batch.drop(s, sequences_);
-        batch.starts.push_back(&sequences_.start(m));
+        DraftSequence& started = sequences_.start(m);
+        started.verify = m.lookahead;
+        started.trees = m.trees;
+        // A first round without speculation: the draft only prefills.
+        (m.lookahead > 0 ? batch.starts : batch.idle).push_back(&started);
         break;
+      }
       case SpecMessage::Kind::kOutcome:
         if (s == nullptr || s->epoch != m.epoch) break;  // an older life
         if (m.verify_seconds > 0) fallback_.observe_verify(m.verify_seconds);
@@ -221,13 +255,22 @@ void SsdDraftWorker::read(std::vector<SpecMessage>& messages, Batch& batch) {
 
 void SsdDraftWorker::outcome(DraftSequence& s, const SpecMessage& m, Batch& batch) {
   const int64_t accepted = std::clamp<int64_t>(m.accepted, 0, static_cast<int64_t>(s.spec.size()));
-  trees_.observe_outcome(s, accepted, m.proposed, m.bonus);
-  fallback_.observe_emitted(s.source, accepted);
+  // A round without speculation (lookahead 0) teaches the estimates nothing.
+  const bool speculated = !s.spec.empty() && m.proposed > 0;
+  const bool asked_tree = s.trees;
+  if (speculated) {
+    trees_.observe_outcome(s, accepted, m.proposed, m.bonus);
+    fallback_.observe_emitted(s.source, accepted);
+  }
   sequences_.commit(s, accepted, m.bonus);
   fallback_.score_shadows(s, batch.counters);
+  // The next round: what the target verifies of it, and whether it wants a tree.
+  s.verify = m.lookahead;
+  s.trees = m.trees;
   Speculation answer;
-  const bool hit = !testing_.always_miss && sequences_.take_hit(s, accepted, m.bonus, answer);
-  fallback_.observe_lookup(hit);
+  const bool wanted = m.lookahead > 0;
+  const bool hit = wanted && !testing_.always_miss && sequences_.take_hit(s, accepted, m.bonus, answer);
+  if (wanted && speculated && asked_tree) fallback_.observe_lookup(hit);
   sequences_.free_tree(s);
   if (hit) {
     batch.out.push_back(std::move(answer));
@@ -236,7 +279,7 @@ void SsdDraftWorker::outcome(DraftSequence& s, const SpecMessage& m, Batch& batc
   }
   s.spec.clear();
   s.ranked.clear();
-  batch.misses.push_back(&s);
+  (wanted ? batch.misses : batch.idle).push_back(&s);
 }
 
 void SsdDraftWorker::plan_fanout(int64_t sequences) {
@@ -250,7 +293,11 @@ void SsdDraftWorker::plan_fanout(int64_t sequences) {
 
 void SsdDraftWorker::answer_misses(Batch& batch) {
   if (batch.misses.empty()) return;
-  const FallbackKind kind = fallback_.choose(batch.outcomes);
+  // Rounds without trees (the adaptive policy's sd-like drafting) draft with
+  // the draft model: the policy's estimates are the draft's.
+  const bool treeless = std::none_of(batch.misses.begin(), batch.misses.end(),
+                                     [](const DraftSequence* s) { return s->trees; });
+  const FallbackKind kind = treeless ? FallbackKind::kNeural : fallback_.choose(batch.outcomes);
   // The fast kind's tokens per round, learnt beside the neural one.
   if (kind == FallbackKind::kNeural) fallback_.shadow(batch.misses);
   const auto t0 = Clock::now();
@@ -264,6 +311,10 @@ void SsdDraftWorker::answer_misses(Batch& batch) {
   fallback_.observe_run(kind, seconds);
   batch.counters.fallback_seconds += seconds;
   batch.counters.fallback_batches += 1;
+  if (kind == FallbackKind::kNeural) {
+    batch.counters.neural_fallback_seconds += seconds;
+    batch.counters.neural_fallback_batches += 1;
+  }
 }
 
 void SsdDraftWorker::answer_starts(Batch& batch) {

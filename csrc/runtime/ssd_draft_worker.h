@@ -74,6 +74,10 @@ class SsdDraftWorker {
   /// Hands the batch's answers and counters to the engine, with the current plan.
   void publish(Batch& batch);
   void build_trees(const std::vector<DraftSequence*>& seqs);
+  /// Feeds the committed tokens of sequences that want no speculation (best
+  /// effort), once kCatchUpTokens of them are waiting.
+  void catch_up(const std::vector<DraftSequence*>& seqs);
+  static constexpr int64_t kCatchUpTokens = 16;
 
   EngineConfig config_;
   TestingConfig testing_;

@@ -33,6 +33,11 @@ struct SpecMessage {
   int64_t proposed = 0;
   int32_t bonus = 0;
   double verify_seconds = 0.0;  ///< the target forward that verified this round
+  // kStart and kOutcome: the sequence's next round (AdaptivePolicy). With
+  // lookahead 0 the target runs an autoregressive step and wants no
+  // speculation; otherwise it verifies the first `lookahead` proposals.
+  int64_t lookahead = 0;
+  bool trees = true;  ///< build the cache for that round's outcomes
 };
 
 struct Speculation {

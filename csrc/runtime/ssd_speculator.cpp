@@ -33,8 +33,17 @@ void SsdSpeculator::start(Sequence* seq) {
   m.tokens = seq->tokens;
   m.params = seq->params;
   m.seed = seq->seed;
+  m.lookahead = seq->lookahead;
+  m.trees = seq->trees;
   life.started = true;
+  life.told = seq->lookahead;
   outbox_.push_back(std::move(m));
+}
+
+bool SsdSpeculator::wants_speculation(const ScheduledChunk& c) const {
+  if (!c.speculative) return false;
+  auto it = lives_.find(c.seq->id);
+  return it != lives_.end() && it->second.told > 0;
 }
 
 void SsdSpeculator::prefilled(Sequence* seq) {
@@ -45,7 +54,7 @@ std::string SsdSpeculator::await_ready(const std::vector<ScheduledChunk>& chunks
   const auto t0 = std::chrono::steady_clock::now();
   auto missing = [&] {
     return std::any_of(chunks.begin(), chunks.end(),
-                       [&](const ScheduledChunk& c) { return c.speculative && !ready_.count(c.seq->id); });
+                       [&](const ScheduledChunk& c) { return wants_speculation(c) && !ready_.count(c.seq->id); });
   };
   std::string lost;
   while (missing() && lost.empty()) {
@@ -81,11 +90,11 @@ std::vector<DraftFailure> SsdSpeculator::propose(std::vector<ScheduledChunk>& ch
   for (size_t i = 0; i < chunks.size(); ++i) {
     const ScheduledChunk& c = chunks[i];
     Proposal p;
-    if (c.speculative && !ready_.count(c.seq->id)) {
+    if (wants_speculation(c) && !ready_.count(c.seq->id)) {
       failures.push_back({c.seq, "no speculation: " + lost});
       continue;
     }
-    if (c.speculative) {
+    if (wants_speculation(c)) {
       const Speculation& spec = ready_.at(c.seq->id);
       if (!spec.error.empty()) {
         failures.push_back({c.seq, spec.error});
@@ -118,6 +127,9 @@ void SsdSpeculator::verified(Sequence* seq, const Proposal& proposal, int64_t ac
   m.proposed = static_cast<int64_t>(proposal.tokens.size());
   m.bonus = bonus;
   m.verify_seconds = verify_seconds;
+  m.lookahead = seq->lookahead;
+  m.trees = seq->trees;
+  lives_[seq->id].told = seq->lookahead;
   ready_.erase(seq->id);
   outbox_.push_back(std::move(m));
 }

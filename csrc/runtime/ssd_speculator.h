@@ -4,7 +4,9 @@
 // waiting only for those not there yet; after it, the outcome goes back.
 // A sequence's life starts when its prefill is done and ends when it is
 // preempted or finished; each start raises its epoch, and answers to an
-// older life are dropped.
+// older life are dropped. Each start and outcome carries the lookahead of the
+// sequence's next round (AdaptivePolicy); the worker answers only rounds with
+// a lookahead > 0, and only those are waited for.
 #pragma once
 
 #include <map>
@@ -37,9 +39,12 @@ class SsdSpeculator final : public Speculator {
   struct Life {
     uint64_t epoch = 0;    ///< raised each time the worker is (re)told of the sequence
     bool started = false;  ///< the worker knows this life
+    int64_t told = 0;      ///< the lookahead of the round the worker was last told of (0: wants no speculation)
   };
 
   void start(Sequence* seq);
+  /// A speculative chunk whose round the worker answers (its lookahead > 0).
+  bool wants_speculation(const ScheduledChunk& c) const;
   /// Waits for the speculation of every speculative chunk's current life.
   /// Returns why some will never come (the worker ended or lost them, or
   /// interrupt()), or "" when all arrived.

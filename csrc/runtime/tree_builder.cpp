@@ -27,12 +27,21 @@ TreeBuilder::TreeBuilder(const EngineConfig& config, model::KvCache& kv, PathDec
 
 bool TreeBuilder::confidence_ranked(const DraftSequence& s) const { return confidence_ && (s.greedy() || gumbel_); }
 
+int64_t TreeBuilder::verified(const DraftSequence& s) const {
+  return std::clamp<int64_t>(s.verify, 0, std::min<int64_t>(K_, static_cast<int64_t>(s.spec.size())));
+}
+
+int64_t TreeBuilder::last_fork(const DraftSequence& s, int64_t fork_end) const {
+  const int64_t V = verified(s);
+  return V < K_ ? V : fork_end;
+}
+
 void TreeBuilder::observe_outcome(const DraftSequence& s, int64_t accepted, int64_t proposed, int32_t bonus) {
   const auto drafted = static_cast<int64_t>(s.spec.size());
   int64_t rank = 0, listed = 0;  // rank 0: the bonus was not listed
   if (accepted < static_cast<int64_t>(s.ranked.size())) {
     for (int32_t t : s.ranked[accepted].tokens) {
-      if (accepted < K_ && accepted < drafted && t == s.spec[accepted]) continue;  // never a candidate
+      if (accepted < proposed && accepted < drafted && t == s.spec[accepted]) continue;  // never a candidate
       ++listed;
       if (t == bonus && rank == 0) rank = listed;
     }
@@ -42,7 +51,7 @@ void TreeBuilder::observe_outcome(const DraftSequence& s, int64_t accepted, int6
   // Calibration of the confidence fan-out: the proposals verified this round
   // (the accepted ones and the rejected one after them) by the draft's
   // probability of them.
-  const int64_t last = std::min<int64_t>({accepted, K_ - 1, drafted - 1});
+  const int64_t last = std::min<int64_t>({accepted, proposed - 1, drafted - 1});
   for (int64_t i = 0; i <= last; ++i) {
     if (i >= static_cast<int64_t>(s.ranked.size()) || s.ranked[i].probs.empty()) break;
     planner_.observe_proposal(s.ranked[i].prob_of(s.spec[i]), i < accepted);
@@ -85,12 +94,14 @@ void TreeBuilder::score_forks(const std::vector<DraftSequence*>& seqs, const std
                               int64_t fork_end) {
   // Fork point j's distribution is the row of position L - 1 + j: fed the
   // last committed token, then the proposals.
+  // A round verifying V < K proposals has its last fork point at V.
   std::vector<DraftPath> score;
   for (DraftSequence* s : seqs) {
     const auto L = static_cast<int64_t>(s->tokens.size());
-    if (s->computed >= L + fork_end) continue;
+    const int64_t end = last_fork(*s, fork_end);
+    if (s->computed >= L + end) continue;
     std::vector<int32_t> feed;
-    for (int64_t pos = s->computed; pos < L + fork_end; ++pos)
+    for (int64_t pos = s->computed; pos < L + end; ++pos)
       feed.push_back(pos < L ? s->tokens[pos] : s->spec[pos - L]);
     score.push_back(DraftPath::scoring(*s, s->table, s->computed, std::move(feed), L - 1));
   }
@@ -103,7 +114,7 @@ void TreeBuilder::score_forks(const std::vector<DraftSequence*>& seqs, const std
       const int64_t j = first + static_cast<int64_t>(r) - (L - 1);
       if (j >= 0 && j <= K_ && s->ranked[j].empty()) s->ranked[j] = std::move(p.fed_ranked[r]);
     }
-    s->computed = L + fork_end;
+    s->computed = std::max(s->computed, L + last_fork(*s, fork_end));
   }
 }
 
@@ -112,12 +123,15 @@ std::vector<TreeBuilder::Candidate> TreeBuilder::candidates(const DraftSequence&
   // Until enough proposals calibrate it, the confidence fan-out plans like the geometric one.
   if (confidence_ranked(s) && planner_.proposals_observed() >= FanoutPlanner::kCalibrated)
     return confidence_candidates(s);
+  // Fork points past the verified proposals cannot happen; at the last
+  // verified one (V) every token can, x_{V+1} too when V < K.
+  const int64_t V = verified(s);
   std::vector<Candidate> chosen;
-  for (int64_t j = 0; j <= K_; ++j) {
+  for (int64_t j = 0; j <= V; ++j) {
     int64_t taken = 0;
     for (int32_t c : s.ranked[j].tokens) {
       if (taken >= fanout[j]) break;
-      if (j < K_ && c == s.spec[j]) continue;
+      if (j < V && c == s.spec[j]) continue;
       ++taken;
       chosen.emplace_back(j, c);
     }
@@ -126,12 +140,13 @@ std::vector<TreeBuilder::Candidate> TreeBuilder::candidates(const DraftSequence&
 }
 
 std::vector<TreeBuilder::Candidate> TreeBuilder::confidence_candidates(const DraftSequence& s) const {
-  std::vector<ForkPoint> forks(static_cast<size_t>(K_ + 1));
-  std::vector<std::vector<int32_t>> tokens(static_cast<size_t>(K_ + 1));
-  for (int64_t j = 0; j <= K_; ++j) {
+  const int64_t V = verified(s);
+  std::vector<ForkPoint> forks(static_cast<size_t>(V + 1));
+  std::vector<std::vector<int32_t>> tokens(static_cast<size_t>(V + 1));
+  for (int64_t j = 0; j <= V; ++j) {
     const RankedTokens& r = s.ranked[j];
     for (size_t i = 0; i < r.tokens.size() && i < r.probs.size(); ++i) {
-      if (j < K_ && r.tokens[i] == s.spec[j]) {
+      if (j < V && r.tokens[i] == s.spec[j]) {
         forks[j].proposed_prob = r.probs[i];
         continue;
       }

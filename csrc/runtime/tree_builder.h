@@ -4,9 +4,11 @@
 // then the bonus token c at fork point j. The builder
 // 1. feeds the draft up to the last proposal, so its distribution at every
 //    fork point 0..K is known (the ranked lists of RankedTokens);
-// 2. chooses candidates: the top F_j tokens at fork point j other than the
-//    proposal x_{j+1} there (verification never draws the bonus from the
-//    rejected proposal), or, under the confidence fan-out for greedy
+// 2. chooses candidates at the fork points the round can reach (0..V when
+//    the target verifies V of the K proposals): the top F_j tokens at fork
+//    point j other than the proposal x_{j+1} there (verification never
+//    draws the bonus from the rejected proposal; at j = V < K nothing was
+//    rejected, so x_{V+1} is a candidate like any other), or, under the confidence fan-out for greedy
 //    sequences and for every sequence under the Gumbel coupling (whose
 //    outcome the noise fixes as greedy decoding's is fixed), the budget's
 //    most probable outcomes over all fork points;
@@ -55,6 +57,10 @@ class TreeBuilder {
 
   /// Whether `s` takes the confidence-ranked outcomes (greedy, or Gumbel-coupled).
   bool confidence_ranked(const DraftSequence& s) const;
+  /// The proposals of the outstanding speculation the target verifies (V <= K).
+  int64_t verified(const DraftSequence& s) const;
+  /// The last fork point to score: V when V < K, else fork_end.
+  int64_t last_fork(const DraftSequence& s, int64_t fork_end) const;
   void score_forks(const std::vector<DraftSequence*>& seqs, const std::vector<int64_t>& fanout, int64_t fork_end);
   std::vector<Candidate> candidates(const DraftSequence& s, const std::vector<int64_t>& fanout) const;
   std::vector<Candidate> confidence_candidates(const DraftSequence& s) const;

@@ -89,6 +89,21 @@ Verdict Verifier::verify(const float* target_rows, int64_t vocab, const Proposal
     params.top_p = first_.top_p;
   }
   const int64_t key = testing_.fault_resume_stream && seq.preempted_len > 0 ? seq.preempted_len : seq.len();
+  if (testing_.fault_peek_target && !proposal.one_hot && proposal.q != nullptr && params.temperature > 0) {
+    Proposal sure = proposal;
+    probs_.resize(static_cast<size_t>(vocab));
+    size_t keep = 0;
+    for (; keep < sure.tokens.size(); ++keep) {
+      kernels::process_logits(target_rows + static_cast<int64_t>(keep) * vocab, vocab,
+                              {params.temperature, params.top_k, params.top_p}, probs_.data(), scratch_);
+      const int64_t x = sure.tokens[keep];
+      if (probs_[x] < sure.q[static_cast<int64_t>(keep) * vocab + x]) break;
+    }
+    sure.tokens.resize(keep);
+    if (coupling_.gumbel)
+      return verify_gumbel(target_rows, vocab, sure, params, seq.seed, key, coupling_, probs_, scratch_);
+    return verify_proposal(target_rows, vocab, sure, params, seq.seed, key, testing_.fault_fast_argmax);
+  }
   if (coupling_.gumbel)
     return verify_gumbel(target_rows, vocab, proposal, params, seq.seed, key, coupling_, probs_, scratch_);
   return verify_proposal(target_rows, vocab, proposal, params, seq.seed, key, testing_.fault_fast_argmax);

@@ -40,7 +40,7 @@ Verdict verify_gumbel(const float* target_rows, int64_t vocab, const Proposal& p
 /// The engine's verifier: verifies a sequence's round at its current length,
 /// with the sequence's own settings and keyed draws. Its only state serves
 /// TestingConfig's deliberate faults (fault_resume_stream,
-/// fault_batch_top_kp, fault_fast_argmax, and the coupling's
+/// fault_batch_top_kp, fault_fast_argmax, fault_peek_target, and the coupling's
 /// fault_shared_noise); without them it is verify_proposal, or verify_gumbel
 /// under the Gumbel coupling.
 class Verifier {

@@ -85,6 +85,16 @@ class EngineConfig:
     sd token-identical to ar; False lets the CUDA backend use stock cuBLAS
     products (on bf16 activations for bf16 weights), faster and not
     token-identical. The CPU is always invariant.
+
+    adaptive (sd and ssd; the default True): every step the engine decides,
+    per sequence, how many of its k proposals the target verifies (0 makes
+    it an autoregressive step) and, in ssd, whether the draft builds trees,
+    from the speed model over measured forward times and online acceptance
+    and cache-hit estimates, so speculation is turned down where it would
+    cost throughput (large batches, text the draft predicts badly). The
+    decision uses only what is known before the verify forward, so it never
+    changes the output law (nor temperature-0 output). False: every round
+    verifies k proposals and ssd always builds trees (the fixed modes).
     """
 
     mode: str = "ar"
@@ -107,6 +117,7 @@ class EngineConfig:
     coupling: str = "gumbel"
     draft_matmul_min_rows: int = 4
     batch_invariant: bool = True
+    adaptive: bool = True
 
     def __post_init__(self):
         if isinstance(self.fanout, str):

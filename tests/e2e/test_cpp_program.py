@@ -125,7 +125,7 @@ def test_program_runs_sd_like_llm(program, models, sampling):
     target, draft = models["llama"], models["llama-sharded"]
     args = [str(target), "--mode", "sd", "--draft", str(draft), "--k", "3", *cli_options(params)]
     tokens, reasons = program_outputs(run_program(program, *args))
-    with LLM(str(target), draft=str(draft), mode="sd", k=3, max_model_len=MAX_MODEL_LEN) as llm:
+    with LLM(str(target), draft=str(draft), mode="sd", adaptive=False, k=3, max_model_len=MAX_MODEL_LEN) as llm:
         outs = llm.generate(PROMPTS, SamplingParams(**params))
         assert llm.stats()["rounds"] > 0
     assert tokens == [o.token_ids for o in outs]
@@ -144,7 +144,7 @@ def test_program_runs_ssd_like_llm(program, models, sampling):
             "--saguaro-c", "0.5", "--fallback", "neural", "--stats", *cli_options(params)]
     proc = run_program(program, *args)
     tokens, reasons = program_outputs(proc)
-    with LLM(str(target), draft=str(draft), mode="ssd", k=3, fanout=[1, 1, 1, 2], saguaro_c=0.5,
+    with LLM(str(target), draft=str(draft), mode="ssd", adaptive=False, k=3, fanout=[1, 1, 1, 2], saguaro_c=0.5,
              fallback="neural", max_model_len=MAX_MODEL_LEN) as llm:
         outs = llm.generate(PROMPTS, SamplingParams(**params))
         assert llm.stats()["cache_lookups"] > 0

@@ -70,7 +70,7 @@ def test_seeded_output_equals_ar(pair, ar_outputs, setting, variant, draft_kind,
         draft, engine["draft_matmul_min_rows"] = target, 0
     if switches.get("tree_blocks"):
         engine["kv_capacity_tokens"] = engine["max_model_len"] * max_batch
-    with LLM(target, draft=draft, mode=mode, k=3, max_batch=max_batch, coupling="gumbel",
+    with LLM(target, draft=draft, mode=mode, adaptive=False, k=3, max_batch=max_batch, coupling="gumbel",
              testing=TestingConfig(**switches), **engine) as llm:
         got = [o.token_ids for o in llm.generate(prompts(), seeded(*SETTINGS[setting]))]
         stats = llm.stats()
@@ -104,7 +104,7 @@ def test_tree_ranks_candidates_under_the_shared_noise(pair):
     with the noise of the next position instead (a deliberately broken build) in about 1%."""
     target, draft = pair
     params = seeded(1.0, 50, 0.95)
-    with LLM(target, draft=draft, mode="ssd", k=3, max_model_len=256, max_batch=8, fallback="neural",
+    with LLM(target, draft=draft, mode="ssd", adaptive=False, k=3, max_model_len=256, max_batch=8, fallback="neural",
              fanout=[3, 3, 3, 3], coupling="gumbel") as ssd:
         ssd.generate(prompts(), params)
         stats = ssd.stats()
@@ -128,8 +128,8 @@ def test_stops_truncation_logprobs_and_chunked_prefill_equal_ar(pair):
     want = run()
     reasons = {r for _, r, _ in want}
     assert reasons == {"stop", "length"}, reasons
-    assert run(draft=draft, mode="sd", k=3) == want
-    assert run(draft=draft, mode="ssd", k=3, max_batch=8) == want
+    assert run(draft=draft, mode="sd", adaptive=False, k=3) == want
+    assert run(draft=draft, mode="ssd", adaptive=False, k=3, max_batch=8) == want
 
 
 @pytest.mark.parametrize("mode", ["sd", "ssd"])
@@ -140,7 +140,7 @@ def test_seeded_output_under_preemption_equals_ar(pair, mode):
     params = seeded(1.0, 50, 0.95, seed0=500)
     with LLM(target, max_model_len=128, coupling="gumbel") as ar:
         want = [o.token_ids for o in ar.generate(texts, params)]
-    with LLM(target, draft=draft, mode=mode, k=4, max_model_len=128, max_batch=16, kv_block_size=8,
+    with LLM(target, draft=draft, mode=mode, adaptive=False, k=4, max_model_len=128, max_batch=16, kv_block_size=8,
              kv_capacity_tokens=640, coupling="gumbel") as llm:
         got = [o.token_ids for o in llm.generate(texts, params)]
         stats = llm.stats()
@@ -156,7 +156,7 @@ def test_mixed_batch_and_unseeded_requests_equal_ar(pair):
     kinds += [seeded(*s, n=1, seed0=900)[0] for s in SETTINGS.values()]
     kinds += [SamplingParams(temperature=0.9, top_p=0.9, max_tokens=N_TOKENS, ignore_eos=True)]
     params = [kinds[i % len(kinds)] for i in range(N_PROMPTS)]
-    with LLM(target, draft=draft, mode="ssd", k=3, max_model_len=256, max_batch=8, coupling="gumbel") as ssd:
+    with LLM(target, draft=draft, mode="ssd", adaptive=False, k=3, max_model_len=256, max_batch=8, coupling="gumbel") as ssd:
         outs = ssd.generate(prompts(2), params)
     seeds = [o.metrics["seed"] for o in outs]
     unseeded = [s for s, p in zip(seeds, params) if p.seed is None and p.temperature > 0]
@@ -175,7 +175,7 @@ def test_rejection_coupling_depends_on_the_draft(pair):
     params = seeded(1.0, 50, 0.95)
     with LLM(target, max_model_len=256, coupling="rejection") as ar:
         want = [o.token_ids for o in ar.generate(prompts(), params)]
-    with LLM(target, draft=draft, mode="sd", k=3, max_model_len=256, coupling="rejection") as sd:
+    with LLM(target, draft=draft, mode="sd", adaptive=False, k=3, max_model_len=256, coupling="rejection") as sd:
         got = [o.token_ids for o in sd.generate(prompts(), params)]
     assert sum(g != w for g, w in zip(got, want)) >= N_PROMPTS // 2
 
@@ -206,7 +206,7 @@ def law_run(small_pair, case, testing=None, fraction=1):
     target, draft = small_pair
     mode, max_batch, engine = LAW_CASES[case]
     extra = {} if mode == "ar" else {"draft": draft, "k": K}
-    with LLM(target, mode=mode, max_model_len=32, max_batch=max_batch, max_batched_tokens=8192, coupling="gumbel",
+    with LLM(target, mode=mode, adaptive=False, max_model_len=32, max_batch=max_batch, max_batched_tokens=8192, coupling="gumbel",
              testing=testing, **extra, **engine) as llm:
         laws = law.views(law.exact_joint(llm.model, PROMPT, LAW_TOKENS, VOCAB, *LAW_SETTING))
         n = max(samples_for_power(p, tv=0.01, alpha=ALPHA, power=0.9) for p in laws) // fraction

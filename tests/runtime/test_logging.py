@@ -39,7 +39,7 @@ def test_preemptions_and_fallback_switches_are_logged(pair, caplog):
     caplog.clear()
     # Every lookup misses; the auto fallback tries the free n-gram kind first, and says so.
     target, draft = pair
-    with LLM(target, draft=draft, mode="ssd", k=3, max_model_len=128, fallback="auto",
+    with LLM(target, draft=draft, mode="ssd", adaptive=False, k=3, max_model_len=128, fallback="auto",
              testing=TestingConfig(always_miss=True)) as ssd:
         ssd.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
         stats = ssd.stats()

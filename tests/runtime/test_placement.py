@@ -24,7 +24,7 @@ def test_cuda_without_a_gpu_is_a_value_error(pair, device):
     with pytest.raises(ValueError, match=f"target_device: device '{device}': no CUDA device is available"):
         LLM(target, target_device=device, max_model_len=64)
     with pytest.raises(ValueError, match=f"draft_device: device '{device}': no CUDA device is available"):
-        LLM(target, draft=draft, mode="sd", draft_device=device, max_model_len=64)
+        LLM(target, draft=draft, mode="sd", adaptive=False, draft_device=device, max_model_len=64)
     with pytest.raises(ValueError, match=f"device '{device}': no CUDA device is available"):
         _C.testing.BackendSteps(device)
     assert "cuda" in _C.device_problem(device)
@@ -44,7 +44,7 @@ def test_ar_ignores_the_draft_device():
 @pytest.mark.cuda
 def test_ssd_mode_stays_on_the_cpu():
     with pytest.raises(ValueError, match="mode 'ssd' runs on the CPU only"):
-        EngineConfig(mode="ssd", target_device="cuda")
+        EngineConfig(mode="ssd", adaptive=False, target_device="cuda")
 
 
 def test_batch_invariant_must_be_a_bool():

@@ -79,7 +79,7 @@ def test_streams_and_generates_across_threads(pair, mode):
     only: seeded sampling there depends on the speculation, see the README)."""
     target, draft = pair
     reqs = requests(60, seed=4)
-    kw = dict(draft=draft, mode="ssd", k=3) if mode == "ssd" else {}
+    kw = dict(draft=draft, mode="ssd", adaptive=False, k=3) if mode == "ssd" else {}
     with LLM(target, max_model_len=256, max_batch=16, **kw) as llm:
         want = [o.token_ids for o in llm.generate([p for p, _ in reqs], [q for _, q in reqs])]
         got = {}
@@ -134,7 +134,7 @@ def test_chat_and_stream_refuse_after_shutdown(pair):
 
 def test_shutdown_ends_a_generate_running_on_another_thread(pair):
     target, draft = pair
-    llm = LLM(target, draft=draft, mode="ssd", k=3, max_model_len=1024, max_batch=4)
+    llm = LLM(target, draft=draft, mode="ssd", adaptive=False, k=3, max_model_len=1024, max_batch=4)
     outs = []
     t = threading.Thread(target=lambda: outs.extend(llm.generate([[1, 2, 3]] * 4, greedy(1000))), daemon=True)
     t.start()
@@ -148,7 +148,7 @@ def test_shutdown_ends_a_generate_running_on_another_thread(pair):
 
 def test_a_dead_draft_worker_fails_its_requests_instead_of_hanging(pair):
     target, draft = pair
-    with LLM(target, draft=draft, mode="ssd", k=3, max_model_len=128,
+    with LLM(target, draft=draft, mode="ssd", adaptive=False, k=3, max_model_len=128,
              testing=TestingConfig(fault_worker_dies=True)) as llm:
         outs = []
         run_threads([lambda: outs.extend(llm.generate([[1, 2, 3], [4, 5]], greedy(40)))])
@@ -240,7 +240,7 @@ def test_max_model_len_defaults_to_the_model_and_fits_the_budget(pair, tmp_path,
 def test_kv_budget_counts_the_draft(pair):
     target, draft = pair
     # target 1536 + draft (1 layer) 512 bytes per token
-    with LLM(target, draft=draft, mode="sd", kv_cache_gib=2048 * 600 / 2**30) as llm:
+    with LLM(target, draft=draft, mode="sd", adaptive=False, kv_cache_gib=2048 * 600 / 2**30) as llm:
         assert llm.config.kv_capacity_tokens == 600 and llm.config.max_model_len == 600
 
 
@@ -271,7 +271,7 @@ def test_proposals_past_a_requests_end_are_not_counted(pair):
     the one round (verified with the prefill) emits three tokens, the request's
     last: three proposals count, not four."""
     target, _ = pair
-    with LLM(target, draft=target, mode="sd", k=4, max_model_len=64, draft_matmul_min_rows=0) as llm:
+    with LLM(target, draft=target, mode="sd", adaptive=False, k=4, max_model_len=64, draft_matmul_min_rows=0) as llm:
         outs = llm.generate([[1, 2, 3], [4, 5]], greedy(3))
         stats = llm.stats()
     for o in outs:
@@ -288,7 +288,7 @@ def test_partial_trees_are_counted(pair):
         want = [o.token_ids for o in llm.generate(prompts, greedy(24))]
     # The draft KV: 16 blocks for the sequences (each needs 2), 8 spare, 6 for trees,
     # and trees of 8 branches of up to 2 blocks for each of 8 sequences.
-    with LLM(target, draft=draft, mode="ssd", k=3, max_model_len=32, kv_capacity_tokens=256, max_batch=8,
+    with LLM(target, draft=draft, mode="ssd", adaptive=False, k=3, max_model_len=32, kv_capacity_tokens=256, max_batch=8,
              fanout_budget=8, testing=TestingConfig(tree_blocks=6)) as llm:
         got = [o.token_ids for o in llm.generate(prompts, greedy(24))]
         stats = llm.stats()

@@ -36,7 +36,7 @@ def test_greedy_equals_ar(pair, max_batch, same_draft, placement):
     # (the bf16 pair kernels would otherwise serve its many-row forwards). A
     # draft that is the target on another device computes otherwise, so it is
     # only all but always accepted.
-    with LLM(target, draft=target if same_draft else draft, mode="sd", k=3, max_model_len=256,
+    with LLM(target, draft=target if same_draft else draft, mode="sd", adaptive=False, k=3, max_model_len=256,
              max_batch=max_batch, draft_matmul_min_rows=0 if same_draft else 4,
              target_device=target_device, draft_device=draft_device) as sd:
         got = [o.token_ids for o in sd.generate(prompts, greedy(64))]
@@ -57,7 +57,7 @@ def test_greedy_with_preemption_equals_ar(pair):
     prompts = [[rng.randrange(256) for _ in range(rng.randrange(4, 40))] for _ in range(24)]
     with LLM(target, max_model_len=128) as ar:
         want = [o.token_ids for o in ar.generate(prompts, greedy(48))]
-    with LLM(target, draft=draft, mode="sd", k=4, max_model_len=128, max_batch=16, kv_block_size=8,
+    with LLM(target, draft=draft, mode="sd", adaptive=False, k=4, max_model_len=128, max_batch=16, kv_block_size=8,
              kv_capacity_tokens=512) as sd:
         got = [o.token_ids for o in sd.generate(prompts, greedy(48))]
         assert sd.stats()["num_preemptions"] >= 1
@@ -97,7 +97,7 @@ def check_output_law(small_pair, temperature, top_k, top_p, max_batch, **placeme
     # The target's exact law, by enumeration on the CPU (the oracle).
     joint = exact_joint(ssd.models.load(target), temperature, top_k, top_p)
     # The rejection coupling's law (the Gumbel coupling's: tests/runtime/test_gumbel_coupling.py).
-    with LLM(target, draft=draft, mode="sd", k=2, max_model_len=32, max_batch=max_batch,
+    with LLM(target, draft=draft, mode="sd", adaptive=False, k=2, max_model_len=32, max_batch=max_batch,
              max_batched_tokens=8192, coupling="rejection", **placement) as sd:
         laws = views(joint)
         n = max(samples_for_power(law, tv=0.01, alpha=0.001, power=0.9) for law in laws)
@@ -125,7 +125,7 @@ def test_seeded_output_does_not_depend_on_batch(small_pair):
     p = SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True, seed=5)
     # One draft kernel path for every batch size (by default forwards of 4+ rows
     # take the bf16 pair kernels and smaller ones the exact path).
-    with LLM(target, draft=draft, mode="sd", k=2, max_model_len=64, draft_matmul_min_rows=1,
+    with LLM(target, draft=draft, mode="sd", adaptive=False, k=2, max_model_len=64, draft_matmul_min_rows=1,
              coupling="rejection") as sd:
         alone = sd.generate([PROMPT], p)[0].token_ids
         noise = [SamplingParams(temperature=0.8, max_tokens=30, ignore_eos=True, seed=s) for s in range(5)]
@@ -135,8 +135,8 @@ def test_seeded_output_does_not_depend_on_batch(small_pair):
 
 def test_draft_vocabulary_must_match(pair, small_pair):
     with pytest.raises(ValueError, match=r"draft vocabulary \(4 tokens\) differs from the target's \(256 tokens\)"):
-        LLM(pair[0], draft=small_pair[1], mode="sd", max_model_len=64)
+        LLM(pair[0], draft=small_pair[1], mode="sd", adaptive=False, max_model_len=64)
     with pytest.raises(ValueError, match="needs a draft model"):
-        LLM(pair[0], mode="sd", max_model_len=64)
+        LLM(pair[0], mode="sd", adaptive=False, max_model_len=64)
     with pytest.raises(ValueError, match="takes no draft model"):
         LLM(pair[0], draft=pair[1], mode="ar", max_model_len=64)

@@ -35,7 +35,7 @@ def test_greedy_equals_ar(pair, ar_greedy, max_batch, variant):
               else {"fallback": variant})
     if variant == "geometric":  # the default fan-out is "confidence"
         kwargs = {"fanout": "geometric"}
-    with LLM(target, draft=draft, mode="ssd", k=3, max_model_len=256, max_batch=max_batch, **kwargs) as ssd:
+    with LLM(target, draft=draft, mode="ssd", adaptive=False, k=3, max_model_len=256, max_batch=max_batch, **kwargs) as ssd:
         got = [o.token_ids for o in ssd.generate(prompts_32(), greedy(64))]
         stats = ssd.stats()
     assert got == ar_greedy
@@ -61,7 +61,7 @@ def test_greedy_equals_ar(pair, ar_greedy, max_batch, variant):
 def test_draft_equal_to_target_hits_the_cache(pair, ar_greedy, max_batch):
     target, _ = pair
     # draft_matmul_min_rows=0: the draft computes exactly like the target (no bf16 pair kernels).
-    with LLM(target, draft=target, mode="ssd", k=3, max_model_len=256, max_batch=max_batch,
+    with LLM(target, draft=target, mode="ssd", adaptive=False, k=3, max_model_len=256, max_batch=max_batch,
              draft_matmul_min_rows=0) as ssd:
         got = [o.token_ids for o in ssd.generate(prompts_32(), greedy(64))]
         stats = ssd.stats()
@@ -77,7 +77,7 @@ def test_greedy_with_preemption_equals_ar(pair):
     prompts = [[rng.randrange(256) for _ in range(rng.randrange(4, 40))] for _ in range(24)]
     with LLM(target, max_model_len=128) as ar:
         want = [o.token_ids for o in ar.generate(prompts, greedy(48))]
-    with LLM(target, draft=draft, mode="ssd", k=4, max_model_len=128, max_batch=16, kv_block_size=8,
+    with LLM(target, draft=draft, mode="ssd", adaptive=False, k=4, max_model_len=128, max_batch=16, kv_block_size=8,
              kv_capacity_tokens=512, fallback="neural", fanout=[2, 1, 1, 1, 2]) as ssd:
         got = [o.token_ids for o in ssd.generate(prompts, greedy(48))]
         stats = ssd.stats()
@@ -96,7 +96,7 @@ def run_law(small_pair, temperature, top_k, top_p, max_batch, seed0=9_000_000, *
     target, draft = small_pair
     # The rejection coupling's law (the Gumbel coupling's: tests/runtime/test_gumbel_coupling.py).
     engine = {"coupling": "rejection", **engine}
-    with LLM(target, draft=draft, mode="ssd", k=2, max_model_len=32, max_batch=max_batch,
+    with LLM(target, draft=draft, mode="ssd", adaptive=False, k=2, max_model_len=32, max_batch=max_batch,
              max_batched_tokens=8192, fanout=FANOUT, **engine) as ssd:
         joint = law.exact_joint(ssd.model, PROMPT, N_TOKENS, VOCAB, temperature, top_k, top_p)
         laws = law.views(joint)
@@ -144,7 +144,7 @@ def test_shadow_scoring_matches_running_the_fast_fallback(small_pair):
     target, draft = small_pair
     means = {}
     for kind in ("neural", "fast"):
-        with LLM(target, draft=draft, mode="ssd", k=2, max_model_len=64, max_batch=512, testing=TestingConfig(always_miss=True),
+        with LLM(target, draft=draft, mode="ssd", adaptive=False, k=2, max_model_len=64, max_batch=512, testing=TestingConfig(always_miss=True),
                  fallback=kind) as ssd:
             params = [SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True, seed=500 + i)
                       for i in range(1500)]
@@ -170,7 +170,7 @@ def test_a_tree_of_every_possible_outcome_never_misses(small_pair, fanout):
     target, draft = small_pair
     plan = [3, 3, 4] if fanout == "complete" else [2, 2, 4]
     params = [SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, seed=70 + i) for i in range(200)]
-    with LLM(target, draft=draft, mode="ssd", k=2, max_model_len=32, max_batch=16, fanout=plan,
+    with LLM(target, draft=draft, mode="ssd", adaptive=False, k=2, max_model_len=32, max_batch=16, fanout=plan,
              fallback="neural") as ssd:
         ssd.generate([PROMPT] * len(params), params)
         stats = ssd.stats()
@@ -200,7 +200,7 @@ def test_seeded_law_run_does_not_depend_on_batch(small_pair):
                              seed=9_000_000 + i) for i in range(200)]
     runs = []
     for max_batch in (512, 4, 1):
-        with LLM(target, draft=draft, mode="ssd", k=2, max_model_len=32, max_batch=max_batch,
+        with LLM(target, draft=draft, mode="ssd", adaptive=False, k=2, max_model_len=32, max_batch=max_batch,
                  fanout=FANOUT, saguaro_c=0.3, fallback="neural", draft_matmul_min_rows=1,
                  coupling="rejection") as ssd:
             runs.append([o.token_ids for o in ssd.generate([PROMPT] * len(params), params)])
@@ -211,9 +211,9 @@ def test_seeded_law_run_does_not_depend_on_batch(small_pair):
 def test_ssd_config_errors(pair, small_pair):
     target, draft = pair
     with pytest.raises(ValueError, match=r"draft vocabulary \(4 tokens\) differs from the target's \(256 tokens\)"):
-        LLM(target, draft=small_pair[1], mode="ssd", max_model_len=64)
+        LLM(target, draft=small_pair[1], mode="ssd", adaptive=False, max_model_len=64)
     with pytest.raises(ValueError, match="needs a draft model"):
-        LLM(target, mode="ssd", max_model_len=64)
+        LLM(target, mode="ssd", adaptive=False, max_model_len=64)
     bad = [({"k": 0}, "k: must be > 0"),
            ({"k": 2, "fanout": [1, 2]}, "fanout: an explicit fan-out lists F_0..F_K, so k \\+ 1 = 3"),
            ({"fanout": [0, 0, 0, 0, 0]}, "at least one branch"),
@@ -226,7 +226,7 @@ def test_ssd_config_errors(pair, small_pair):
            ({"fallback": "ngram"}, "fallback: must be 'auto', 'neural' or 'fast'")]
     for kwargs, message in bad:
         with pytest.raises(ValueError, match=message):
-            LLM(target, draft=draft, mode="ssd", max_model_len=64, **kwargs)
+            LLM(target, draft=draft, mode="ssd", adaptive=False, max_model_len=64, **kwargs)
 
 
 def test_mixed_batch_cancel_and_shutdown(pair):
@@ -237,7 +237,7 @@ def test_mixed_batch_cancel_and_shutdown(pair):
     # independent of hits and misses, hence of timing and batch-mates, when every
     # draft forward takes one kernel path (draft_matmul_min_rows=1: the bf16 pair
     # kernels, batch invariant; by default 1-row fallbacks take the exact path).
-    kw = dict(draft=draft, mode="ssd", k=3, max_model_len=256, fanout=[1, 1, 1, 1], fallback="neural",
+    kw = dict(draft=draft, mode="ssd", adaptive=False, k=3, max_model_len=256, fanout=[1, 1, 1, 1], fallback="neural",
               draft_matmul_min_rows=1)
     seeded = SamplingParams(temperature=0.8, top_k=20, max_tokens=40, ignore_eos=True, seed=3)
     with LLM(target, **kw) as ssd:

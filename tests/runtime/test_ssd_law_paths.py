@@ -50,7 +50,7 @@ def run(small_pair, settings, engine, testing=None, fraction=1, max_tokens=N_TOK
     """Samples PROMPT's law test (or `1 / fraction` of it) from ssd; returns (outputs, stats, laws)."""
     target, draft = small_pair
     engine = {"max_model_len": 32, "max_batch": 512, "coupling": "rejection", **engine}
-    with LLM(target, draft=draft, mode="ssd", k=K, fanout=FANOUT, max_batched_tokens=8192, testing=testing,
+    with LLM(target, draft=draft, mode="ssd", adaptive=False, k=K, fanout=FANOUT, max_batched_tokens=8192, testing=testing,
              **engine) as ssd:
         laws = target_laws(ssd.model, *settings)
         n = law_size(laws) // fraction
@@ -140,7 +140,7 @@ def run_mixed(small_pair, testing=None, fraction=1):
     """Returns ({"a": p-values, "b": p-values}, the greedy outputs, their argmax paths)."""
     target, draft = small_pair
     prompts = greedy_prompts()
-    with LLM(target, draft=draft, mode="ssd", k=K, max_model_len=32, max_batch=512, max_batched_tokens=8192,
+    with LLM(target, draft=draft, mode="ssd", adaptive=False, k=K, max_model_len=32, max_batch=512, max_batched_tokens=8192,
              testing=testing, coupling="rejection", **MIXED_ENGINE) as ssd:
         laws = {kind: target_laws(ssd.model, *s) for kind, s in MIXED_SETTINGS.items()}
         argmax_paths = [np.unravel_index(int(j.argmax()), j.shape) for j in

@@ -106,6 +106,11 @@ struct EngineConfig {
   /// false: the cuda backend's stock cuBLAS products (faster; greedy sd is
   /// then no longer token-identical to ar). The CPU is always batch-invariant.
   bool batch_invariant = true;
+  /// sd/ssd: each round verifies as many of its k proposals as the speed
+  /// model says pays (0: an autoregressive step), and ssd builds trees only
+  /// when they pay (runtime/adaptive_policy.h); false: k proposals every
+  /// round and always trees (the fixed modes).
+  bool adaptive = true;
 
   void validate() const;
   /// Fills the automatic fields (max_model_len, kv_capacity_tokens) from the
@@ -154,6 +159,17 @@ struct TestingConfig {
   /// coupling "gumbel": the target draws every position with the noise of
   /// position 0, so a request's tokens are correlated.
   bool fault_shared_noise = false;
+  /// The adaptive policy's lookahead forced: round r of a request verifies
+  /// forced_lookahead[(step + request id) % size] proposals (clamped to
+  /// [0, k]; ssd builds trees for every round), whatever the speed model
+  /// says, so lookaheads switch within a request and differ across a batch.
+  /// Empty: the policy (or the fixed mode) decides.
+  std::vector<int64_t> forced_lookahead;
+  /// Verifies only the leading proposals of a round that the target is sure
+  /// to accept (p(x) >= q(x) at each, read off the round's own target
+  /// logits), the rest of the round's proposals dropped: a lookahead chosen
+  /// from the target's current logits (coupling "rejection", temperature > 0).
+  bool fault_peek_target = false;
   /// ssd: the draft KV holds only this many blocks beyond the sequences'
   /// own (0: room for a full tree of every sequence), so trees run out.
   int64_t tree_blocks = 0;

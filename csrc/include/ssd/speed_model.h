@@ -25,6 +25,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <vector>
 
 #include "ssd/types.h"
 
@@ -71,6 +73,78 @@ struct SpeedMetrics {
   double predicted_speedup = 0.0;
   double target_busy_fraction = 0.0;  ///< target forward time / active time
 };
+
+// ---- One engine step over a batch (the adaptive policy) ----
+//
+// The round model above compares modes at a mean batch, in units of a
+// verify. A step of the adaptive engine is planned in seconds instead, from
+// measured costs, for the batch at hand: sequence i verifies V_i of its K
+// proposals (0: an autoregressive step for it) and emits
+// E(a_i, V_i) = sum_{j=0..V_i} a_i^j tokens in expectation, a_i its
+// per-proposal acceptance estimate (the j-th proposal is verified and kept
+// with probability a_i^j). The step's time, R = sum_i (1 + V_i) rows:
+// - kNone (no drafting):          t(R)
+// - kSequential (sd):             t(R) + max_i V_i * d          (d: one draft forward)
+// - kTrees (ssd):                 max(t(R), T) + (1 - h^s) * F  (T: tree, F: fallback,
+//                                 h: hit rate, s: sequences speculating)
+// - kMisses (ssd without trees):  t(R) + F when any sequence speculates
+// The best V for a drafting kind verifies exactly the proposals whose gain
+// a_i^j clears a threshold (gains fall with j, so a threshold picks a prefix
+// per sequence); plan_step() finds it by adding proposals in order of gain.
+
+/// Seconds of a forward as a function of its size (rows or sequences),
+/// learnt from measurements: a running mean per size bucket, linear between
+/// measured sizes, flat below the smallest (fewer rows never cost less than
+/// reading the weights) and proportional above the largest. A bucket's first
+/// measurement is replaced by its second (the first use of a size pays
+/// one-off costs: fresh pages, a budget still being sized).
+class CostCurve {
+ public:
+  void observe(int64_t size, double seconds);
+  /// 0 when nothing was measured.
+  double seconds(int64_t size) const;
+  /// A measurement within a factor of 1.5 of `size`.
+  bool measured_near(int64_t size) const;
+  bool empty() const { return points_.empty(); }
+
+ private:
+  struct Point {
+    double seconds = 0.0;
+    int64_t count = 0;
+  };
+  std::map<int64_t, Point> points_;  // by bucket
+};
+
+enum class Drafting { kNone, kSequential, kTrees, kMisses };
+const char* drafting_name(Drafting d);
+
+/// Measured costs of one step's parts, in seconds, at the batch planned for.
+struct StepCosts {
+  const CostCurve* forward = nullptr;  ///< the target forward by rows (required)
+  double draft_step = 0.0;  ///< sd: one draft forward of the batch
+  double tree = 0.0;        ///< ssd: one round's tree build
+  double fallback = 0.0;    ///< ssd: one batch of misses re-drafted
+  double hit_rate = 0.0;    ///< ssd: a sequence's outcome is in the cache
+};
+
+struct StepPlan {
+  Drafting drafting = Drafting::kNone;
+  /// Proposal j of a sequence with acceptance a is verified iff a^j >= threshold
+  /// (> 1: none is).
+  double threshold = 2.0;
+  double tokens = 0.0;   ///< expected tokens of the batch
+  double seconds = 0.0;  ///< expected step time
+  double tokens_per_second() const { return seconds > 0 ? tokens / seconds : 0.0; }
+};
+
+/// Expected tokens of a round verifying V proposals at per-proposal acceptance a.
+double expected_tokens(double acceptance, int64_t V);
+/// The proposals verified under `threshold`: the largest V <= K with a^V >= threshold.
+int64_t lookahead_for(double acceptance, double threshold, int64_t K);
+/// The best plan of drafting kind `d` for sequences of these acceptance
+/// estimates (each in [0, 1)), at most K proposals each. Throws
+/// std::invalid_argument without a measured forward curve or on bad input.
+StepPlan plan_step(Drafting d, const std::vector<double>& acceptance, int64_t K, const StepCosts& costs);
 
 /// Speed model of a whole run (engine-wide counters and times).
 SpeedMetrics speed_metrics(const EngineStats& stats);

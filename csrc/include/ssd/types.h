@@ -148,10 +148,16 @@ struct DraftCounters {
   int64_t fast_shadow_tokens = 0;
   double draft_round_seconds = 0.0;
   double fallback_seconds = 0.0;
+  int64_t neural_fallback_batches = 0;   ///< fallback passes of the neural kind
+  double neural_fallback_seconds = 0.0;  ///< ... and their time
+  int64_t draft_forwards = 0;     ///< sd: draft forwards (one per drafted position of a batch)
 
   template <class F>
   static void fields(F&& f) {
     f("draft_rounds", &DraftCounters::draft_rounds);
+    f("draft_forwards", &DraftCounters::draft_forwards);
+    f("neural_fallback_batches", &DraftCounters::neural_fallback_batches);
+    f("neural_fallback_seconds", &DraftCounters::neural_fallback_seconds);
     f("tree_branches", &DraftCounters::tree_branches);
     f("partial_trees", &DraftCounters::partial_trees);
     f("branches_dropped", &DraftCounters::branches_dropped);
@@ -211,12 +217,73 @@ struct EngineGauges {
 };
 
 /// Engine-wide statistics: sums (steps, spec, draft) and values now (the gauges).
+/// The adaptive policy's counters (summed over steps).
+struct AdaptiveCounters {
+  int64_t adaptive_steps = 0;        ///< steps the policy planned (speculative chunks present)
+  int64_t adaptive_switches = 0;     ///< steps whose drafting kind differed from the step before
+  int64_t adaptive_ar_steps = 0;     ///< planned steps that speculated for no sequence
+  int64_t adaptive_tree_steps = 0;   ///< ssd: planned steps that let the draft build trees
+  int64_t adaptive_probe_steps = 0;  ///< steps that speculated in full to re-measure, the plan staying autoregressive
+  int64_t adaptive_rounds = 0;       ///< rounds given a lookahead
+  int64_t adaptive_lookahead_sum = 0;  ///< their lookaheads, summed
+  double adaptive_decision_seconds = 0.0;  ///< time spent planning
+
+  template <class F>
+  static void fields(F&& f) {
+    f("adaptive_steps", &AdaptiveCounters::adaptive_steps);
+    f("adaptive_switches", &AdaptiveCounters::adaptive_switches);
+    f("adaptive_ar_steps", &AdaptiveCounters::adaptive_ar_steps);
+    f("adaptive_tree_steps", &AdaptiveCounters::adaptive_tree_steps);
+    f("adaptive_probe_steps", &AdaptiveCounters::adaptive_probe_steps);
+    f("adaptive_rounds", &AdaptiveCounters::adaptive_rounds);
+    f("adaptive_lookahead_sum", &AdaptiveCounters::adaptive_lookahead_sum);
+    f("adaptive_decision_seconds", &AdaptiveCounters::adaptive_decision_seconds);
+  }
+  AdaptiveCounters& operator+=(const AdaptiveCounters& o) { return add_fields(*this, o); }
+};
+
+/// The adaptive policy's current plan and estimates (see ssd/speed_model.h).
+struct PolicyGauges {
+  std::string policy_drafting;        ///< "off" (fixed modes), "none", "sequential", "misses" or "trees"
+  int64_t policy_batch = 0;           ///< sequences the last plan was made for
+  double policy_threshold = 0.0;      ///< a proposal is verified when acceptance^depth >= this
+  double policy_acceptance = 0.0;     ///< mean per-proposal acceptance estimate of the batch
+  double policy_hit_rate = 0.0;       ///< ssd: the cache hit-rate estimate
+  double policy_verify_seconds = 0.0; ///< the predicted time of the planned step
+  double policy_forward_seconds = 0.0;   ///< the target forward estimate at one row per sequence
+  double policy_tree_seconds = 0.0;      ///< ssd: a round's tree estimate at this batch
+  double policy_fallback_seconds = 0.0;  ///< ssd: a batch of misses' drafting estimate
+  double policy_draft_seconds = 0.0;     ///< sd: one draft forward's estimate
+  double policy_tok_s = 0.0;          ///< predicted tokens/s of the plan in force
+  double policy_tok_s_ar = 0.0;       ///< ... of an autoregressive step
+  double policy_tok_s_best = 0.0;     ///< ... of the best plan this step
+
+  template <class F>
+  static void fields(F&& f) {
+    f("policy_drafting", &PolicyGauges::policy_drafting);
+    f("policy_batch", &PolicyGauges::policy_batch);
+    f("policy_threshold", &PolicyGauges::policy_threshold);
+    f("policy_acceptance", &PolicyGauges::policy_acceptance);
+    f("policy_hit_rate", &PolicyGauges::policy_hit_rate);
+    f("policy_verify_seconds", &PolicyGauges::policy_verify_seconds);
+    f("policy_forward_seconds", &PolicyGauges::policy_forward_seconds);
+    f("policy_tree_seconds", &PolicyGauges::policy_tree_seconds);
+    f("policy_fallback_seconds", &PolicyGauges::policy_fallback_seconds);
+    f("policy_draft_seconds", &PolicyGauges::policy_draft_seconds);
+    f("policy_tok_s", &PolicyGauges::policy_tok_s);
+    f("policy_tok_s_ar", &PolicyGauges::policy_tok_s_ar);
+    f("policy_tok_s_best", &PolicyGauges::policy_tok_s_best);
+  }
+};
+
 struct EngineStats {
   StepCounters steps;
   SpecCounters spec;
   DraftCounters draft;
+  AdaptiveCounters adaptive;
   EngineGauges engine;
   DraftGauges plan;
+  PolicyGauges policy;
 };
 
 }  // namespace ssd

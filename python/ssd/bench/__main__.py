@@ -31,6 +31,8 @@ SUBCOMMANDS = {
                  "ssd with the neural and the fast cache-miss fallback forced, beside a default run's auto"),
     "coupling": ("ssd.bench.coupling", "[--temperature 0.7,1.0] [--saguaro-c 1,0.5] [--json FILE] [--plot FILE]",
                  "sd and ssd under the rejection and the Gumbel coupling: acceptance, hit rate, tok/s"),
+    "adaptive": ("ssd.bench.adaptive", "[--quick] [--batch 1,2,4,8,16] [--reps N] [--json FILE] [--plot FILE]",
+                 "adaptive sd and ssd against the fixed modes over batch sizes: median tok/s, PASS/FAIL criteria"),
 }
 # bench/kernels/<script> -> (its arguments, what it measures); run from the source tree's root.
 KERNEL_BENCHES = {

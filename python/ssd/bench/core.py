@@ -112,8 +112,16 @@ def load_prompts(dataset: str, n: int, tokenizer, seed: int, vocab: int) -> list
 
 
 def run_engine(target, draft, mode: str, prompts: list, cfg: BenchConfig, batch: int, temperature: float,
-               target_threads: int, label: str) -> dict:
-    """One mode over the prompts in groups of `batch`; returns the run's measurements."""
+               target_threads: int, label: str, adaptive: bool | None = None, warmup_prompts: int = 1,
+               warmup_tokens: int = 8) -> dict:
+    """One mode over the prompts in groups of `batch`; returns the run's measurements.
+
+    The untimed warm-up generates warmup_tokens for the first warmup_prompts prompts (first-use costs,
+    page faults; and the adaptive policy's first measurements at that batch).
+
+    adaptive: EngineConfig.adaptive for sd and ssd; None leaves the engine's default (and is what the
+    result's "adaptive" records then, as for ar, which never speculates).
+    """
     from ssd import LLM, SamplingParams, _C
 
     max_len = min(cfg.max_model_len, target.config.max_position_embeddings)
@@ -122,11 +130,14 @@ def run_engine(target, draft, mode: str, prompts: list, cfg: BenchConfig, batch:
     if mode == "ssd":
         kwargs.update(fanout=cfg.fanout, fanout_budget=cfg.fanout_budget, saguaro_c=cfg.saguaro_c,
                       fallback=cfg.fallback)
+    if adaptive is not None and mode != "ar":
+        kwargs["adaptive"] = adaptive
     with LLM(target, draft=None if mode == "ar" else draft, **kwargs) as llm:
         def params(i, n=cfg.max_tokens):
             return SamplingParams(temperature=temperature, max_tokens=n, ignore_eos=True, seed=cfg.seed + i)
 
-        llm.generate(prompts[:1], params(0, 8))  # warm-up (first-use costs, page faults)
+        warm = prompts[:warmup_prompts]
+        llm.generate(warm, [params(10_000 + i, warmup_tokens) for i in range(len(warm))])  # untimed
         before = llm.stats()
         decode_s = wall_s = 0.0
         decode_tokens = tokens = 0
@@ -149,6 +160,7 @@ def run_engine(target, draft, mode: str, prompts: list, cfg: BenchConfig, batch:
     metrics = _C.speed_metrics(counters)
     return {"mode": mode, "batch_size": batch, "temperature": temperature, "k": cfg.k if mode != "ar" else 0,
             "coupling": cfg.coupling, "saguaro_c": cfg.saguaro_c if mode == "ssd" else None,
+            "adaptive": kwargs.get("adaptive"),
             "target_threads": target_threads, "draft_threads": cfg.draft_threads if mode == "ssd" else 0,
             "placement": placement_name(mode, target_threads, cfg),
             "decode_tok_per_s": decode_tokens / decode_s if decode_s > 0 else 0.0,

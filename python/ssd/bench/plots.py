@@ -276,3 +276,36 @@ def write_coupling_plot(path: Path, runs: list[dict]) -> Path:
     ax.legend(fontsize=7, ncol=2)
     ax.grid(axis="y", alpha=0.3)
     return _save(plt, fig, path, dpi=110)
+
+
+# variant -> (colour, line style, line width): adaptive solid and bold, fixed dashed, ar on 2 threads dotted.
+ADAPTIVE_STYLES = {"ar": (MODE_COLORS["ar"], "--", 1.2), "ar 2thr": (MODE_COLORS["ar"], ":", 1.2),
+                   "sd": (MODE_COLORS["sd"], "--", 1.2), "ssd": (MODE_COLORS["ssd"], "--", 1.2),
+                   "sd adaptive": (MODE_COLORS["sd"], "-", 2.6), "ssd adaptive": (MODE_COLORS["ssd"], "-", 2.6)}
+
+
+def write_adaptive_plot(path: Path, points: list[dict]) -> Path:
+    """Median decode tok/s against batch size (log2 axis), one panel per (dataset, temperature) and one
+    line per variant; `points` are ``ssd.bench.adaptive.summarize``'s (each with "tok_per_s" per variant)."""
+    plt = _pyplot()
+    panels = sorted({(p["dataset"], p["temperature"]) for p in points})
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(7.0, 5.2 * len(panels)), 4.4), squeeze=False)
+    for ax, (dataset, t) in zip(axes[0], panels):
+        sel = sorted((p for p in points if (p["dataset"], p["temperature"]) == (dataset, t)),
+                     key=lambda p: p["batch_size"])
+        batches = [p["batch_size"] for p in sel]
+        for variant, (color, style, width) in ADAPTIVE_STYLES.items():
+            xy = [(p["batch_size"], p["tok_per_s"][variant]) for p in sel if p["tok_per_s"].get(variant) is not None]
+            if xy:
+                ax.plot(*zip(*xy), marker="o", markersize=4, color=color, linestyle=style, linewidth=width,
+                        label=variant)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(batches, [str(b) for b in batches])
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("median decode tokens/s (all sequences)")
+        ax.set_title(f"{dataset}, temperature {t:g}")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("adaptive speculation against the fixed modes (solid: adaptive, dashed: fixed, "
+                 "dotted: ar on 2 threads)", fontsize=10)
+    return _save(plt, fig, path, dpi=110)

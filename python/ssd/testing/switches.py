@@ -37,6 +37,16 @@ class TestingConfig:
     fault_shared_noise: with coupling "gumbel", the target draws every
     position with the noise of position 0 (shared across positions), so a
     request's tokens are correlated.
+    fault_peek_target: each round verifies only its leading proposals that
+    the target is sure to accept (p(x) >= q(x) at each, read off that round's
+    own target logits), dropping the rest: a lookahead chosen from the
+    target's current logits, which the adaptive policy must never do
+    (coupling "rejection", temperature > 0).
+    forced_lookahead: the adaptive policy's choice forced: round r of a
+    request verifies forced_lookahead[(step + request id) % len] proposals
+    (clamped to [0, k]; 0 is an autoregressive step; ssd builds trees for
+    every round), so lookaheads switch within a request and differ across a
+    batch. Empty: the policy (or the fixed mode) decides.
     tree_blocks: in mode ssd the draft KV holds only this many blocks beyond
     the sequences' own (0: room for a full tree of every sequence), so
     speculation trees run out of blocks and stay partial.
@@ -52,11 +62,21 @@ class TestingConfig:
     fault_batch_top_kp: bool = False
     fault_worker_dies: bool = False
     fault_shared_noise: bool = False
+    fault_peek_target: bool = False
+    forced_lookahead: tuple[int, ...] = ()
     tree_blocks: int = 0
 
     def __post_init__(self):
+        forced = self.forced_lookahead
+        if not isinstance(forced, (list, tuple)) or any(
+                not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 2**31 for v in forced):
+            raise ValueError("testing.forced_lookahead: must be a sequence of integers in [0, 2**31), "
+                             f"got {forced!r}")
+        object.__setattr__(self, "forced_lookahead", tuple(forced))
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if f.name == "forced_lookahead":
+                continue
             if f.type == "int":
                 if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**31:
                     raise ValueError(f"testing.{f.name}: must be an integer in [0, 2**31), got {value!r}")
@@ -64,4 +84,6 @@ class TestingConfig:
                 raise ValueError(f"testing.{f.name}: must be True or False, got {value!r}")
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        d["forced_lookahead"] = list(self.forced_lookahead)
+        return d
