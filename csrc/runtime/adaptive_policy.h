@@ -9,6 +9,10 @@
 // It never reads the target's logits of the round being verified, so the
 // output law (and temperature-0 output) is that of any fixed lookahead.
 //
+// Until kWarmupTrials proposals were verified every round verifies k (with
+// the best speculative kind); a batch size whose forward was never timed gets
+// one autoregressive step first.
+//
 // A round's lookahead is decided when the round before it is verified (or
 // when the sequence's prefill is done), so the ssd draft worker hears it
 // with the outcome and builds that round's tree for the outcomes that can
