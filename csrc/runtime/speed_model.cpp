@@ -127,12 +127,6 @@ const char* drafting_name(Drafting d) {
   return "?";
 }
 
-double expected_tokens(double acceptance, int64_t V) {
-  double tokens = 0.0, run = 1.0;
-  for (int64_t j = 0; j <= V; ++j, run *= acceptance) tokens += run;
-  return tokens;
-}
-
 int64_t lookahead_for(double acceptance, double threshold, int64_t K) {
   int64_t V = 0;
   for (double gain = acceptance; V < K && gain >= threshold; gain *= acceptance) ++V;

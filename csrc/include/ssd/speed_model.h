@@ -137,8 +137,6 @@ struct StepPlan {
   double tokens_per_second() const { return seconds > 0 ? tokens / seconds : 0.0; }
 };
 
-/// Expected tokens of a round verifying V proposals at per-proposal acceptance a.
-double expected_tokens(double acceptance, int64_t V);
 /// The proposals verified under `threshold`: the largest V <= K with a^V >= threshold.
 int64_t lookahead_for(double acceptance, double threshold, int64_t K);
 /// The best plan of drafting kind `d` for sequences of these acceptance

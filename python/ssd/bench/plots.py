@@ -229,16 +229,21 @@ def write_fallback_plot(path: Path, rows: list[dict], title: str) -> Path:
         for key, (color, marker, label) in FALLBACK_STYLES.items():
             ax.plot(batches, [x[key] for x in sel], marker=marker, color=color, label=label,
                     linestyle="--" if key == "ssd_auto" else "-")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(batches, [str(b) for b in batches])
-        ax.set_xlabel("batch size")
-        ax.set_ylabel("decode tokens/s (all sequences)")
-        ax.set_title(f"temperature {t:g}")
-        ax.grid(alpha=0.3)
+        _batch_axes(ax, batches, "decode tokens/s (all sequences)", f"temperature {t:g}")
     axes[0][0].legend(fontsize=8)
     # A one-panel figure is narrow: wrap the title rather than cut it.
     fig.suptitle(textwrap.fill(title, 90 if len(temps) > 1 else 80), fontsize=10)
     return _save(plt, fig, path, dpi=110)
+
+
+def _batch_axes(ax, batches: list[int], ylabel: str, title: str) -> None:
+    """A panel over batch size: log2 x axis ticked at the batches run, labels, title and grid."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(batches, [str(b) for b in batches])
+    ax.set_xlabel("batch size")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
 
 
 def write_coupling_plot(path: Path, runs: list[dict]) -> Path:
@@ -299,12 +304,7 @@ def write_adaptive_plot(path: Path, points: list[dict]) -> Path:
             if xy:
                 ax.plot(*zip(*xy), marker="o", markersize=4, color=color, linestyle=style, linewidth=width,
                         label=variant)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(batches, [str(b) for b in batches])
-        ax.set_xlabel("batch size")
-        ax.set_ylabel("median decode tokens/s (all sequences)")
-        ax.set_title(f"{dataset}, temperature {t:g}")
-        ax.grid(alpha=0.3)
+        _batch_axes(ax, batches, "median decode tokens/s (all sequences)", f"{dataset}, temperature {t:g}")
     axes[0][0].legend(fontsize=8)
     fig.suptitle("adaptive speculation against the fixed modes (solid: adaptive, dashed: fixed, "
                  "dotted: ar on 2 threads)", fontsize=10)
