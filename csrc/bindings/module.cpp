@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <optional>
 #include <utility>
 
 #include <pybind11/stl.h>
@@ -130,12 +131,13 @@ TestingConfig testing_config_from(const py::dict& d) {
   };
   for (auto item : d) {
     const auto key = item.first.cast<std::string>();
-    if (key != "tree_blocks" && key != "forced_lookahead" &&
+    if (key != "tree_blocks" && key != "forced_lookahead" && key != "draft_answer_delay_ms" &&
         std::none_of(std::begin(switches), std::end(switches), [&](const auto& s) { return key == s.first; }))
       throw std::invalid_argument("testing: unknown switch '" + key + "'");
   }
   for (const auto& [key, flag] : switches) get(d, key, *flag);
   get(d, "tree_blocks", t.tree_blocks);
+  get(d, "draft_answer_delay_ms", t.draft_answer_delay_ms);
   get(d, "forced_lookahead", t.forced_lookahead);
   return t;
 }
@@ -239,9 +241,9 @@ void bind_speed_model(py::module_& m) {
       "times in verify forwards, speedup over ar.");
   m.def(
       "plan_step",
-      [](const std::string& drafting, const std::vector<double>& acceptance, int64_t k,
+      [](const std::string& drafting, const std::vector<double>& first, int64_t k,
          const std::vector<std::pair<int64_t, double>>& forward, double draft_step, double tree, double fallback,
-         double hit_rate) {
+         double hit_rate, double contention, double tree_per_verify, std::optional<std::vector<double>> next) {
         static const std::pair<const char*, Drafting> kinds[] = {{"none", Drafting::kNone},
                                                                  {"sequential", Drafting::kSequential},
                                                                  {"trees", Drafting::kTrees},
@@ -253,10 +255,22 @@ void bind_speed_model(py::module_& m) {
                                       drafting + "'");
         CostCurve curve;
         for (const auto& [rows, seconds] : forward) curve.observe(rows, seconds);
-        StepCosts costs{&curve, draft_step, tree, fallback, hit_rate};
+        StepCosts costs;
+        costs.forward = &curve;
+        costs.draft_step = draft_step;
+        costs.tree = tree;
+        costs.tree_per_verify = tree_per_verify;
+        costs.contention = contention;
+        costs.fallback = fallback;
+        costs.hit_rate = hit_rate;
+        if (next && next->size() != first.size())
+          throw std::invalid_argument("continuation: one per sequence (" + std::to_string(first.size()) +
+                                      "), got " + std::to_string(next->size()));
+        std::vector<Acceptance> acceptance;
+        for (size_t i = 0; i < first.size(); ++i) acceptance.push_back({first[i], next ? (*next)[i] : first[i]});
         const StepPlan plan = plan_step(kind->second, acceptance, k, costs);
         std::vector<int64_t> lookaheads;
-        for (double a : acceptance) lookaheads.push_back(lookahead_for(a, plan.threshold, k));
+        for (const Acceptance& a : acceptance) lookaheads.push_back(lookahead_for(a, plan.threshold, k));
         py::dict d;
         d["threshold"] = plan.threshold;
         d["tokens"] = plan.tokens;
@@ -266,9 +280,11 @@ void bind_speed_model(py::module_& m) {
         return d;
       },
       py::arg("drafting"), py::arg("acceptance"), py::arg("k"), py::arg("forward"), py::arg("draft_step") = 0.0,
-      py::arg("tree") = 0.0, py::arg("fallback") = 0.0, py::arg("hit_rate") = 0.0,
+      py::arg("tree") = 0.0, py::arg("fallback") = 0.0, py::arg("hit_rate") = 0.0, py::arg("contention") = 1.0,
+      py::arg("tree_per_verify") = 0.0, py::arg("continuation") = py::none(),
       "The adaptive policy's step model (csrc/include/ssd/speed_model.h): the best plan of one drafting kind "
-      "for sequences of these per-proposal acceptances, forward = [(rows, seconds), ...] measured; "
+      "for sequences whose first proposal is kept with probability acceptance[i] and each later one, after a "
+      "kept one, with continuation[i] (None: the same), forward = [(rows, seconds), ...] measured; "
       "{threshold, tokens, seconds, tokens_per_second, lookaheads}.");
 }
 

@@ -14,20 +14,41 @@ constexpr double kPriorAcceptance = 0.6, kPriorHitRate = 0.5;
 // Weight of the priors, in proposals (acceptance) or lookups (hit rate): a
 // few unlucky first rounds must not talk the policy out of speculating. A
 // sequence's own estimate is pulled towards the batch's with kSequenceWeight.
-constexpr double kPriorWeight = 8.0, kSequenceWeight = 4.0;
-// Autoregressive steps between probes (one speculative step re-measuring
-// acceptance and costs), doubling after each probe that confirms them.
+constexpr double kPriorWeight = 8.0, kSequenceWeight = 8.0;
+// Autoregressive steps between probes (one sequence speculating in full for
+// a step, re-measuring acceptance), doubling after each probe that confirms them.
 constexpr int64_t kProbeFirst = 64, kProbeMax = 512;
 // Verified proposals (decayed) before the policy may stop speculating: until
 // then every round verifies k proposals with the best speculative kind, so
 // the first rounds' luck does not decide.
 constexpr double kWarmupTrials = 16.0;
 // Decay per round of a sequence's own estimate (recent text), and of the batch-wide ones.
-constexpr double kSequenceDecay = 0.8, kGlobalDecay = 0.98, kHitDecay = 0.95;
+constexpr double kSequenceDecay = 0.9, kGlobalDecay = 0.98, kHitDecay = 0.95;
+// Learnt ratios (contention, tree per verify, measured / modelled step):
+// decay per measurement and the prior's weight in measurements. Each
+// measurement is clamped to within a factor kRatioStride of the current
+// value, so one stalled step cannot decide alone while a lasting change is
+// still followed, a factor of kRatioStride at a time.
+constexpr double kRatioDecay = 0.9, kRatioPriorWeight = 2.0, kRatioStride = 2.0;
+// The priors: no slowdown beside trees, a tree as long as its verify (the
+// auto budget's aim), steps as the model says.
+constexpr double kPriorContention = 1.0, kPriorTreePerVerify = 1.0, kPriorStepFactor = 1.0;
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+int index_of(Drafting d) { return static_cast<int>(d); }
+
 }  // namespace
+
+void AdaptivePolicy::Ratio::observe(double x, double prior) {
+  const double v = value(prior);
+  sum = kRatioDecay * sum + std::clamp(x, v / kRatioStride, v * kRatioStride);
+  weight = kRatioDecay * weight + 1.0;
+}
+
+double AdaptivePolicy::Ratio::value(double prior) const {
+  return (sum + kRatioPriorWeight * prior) / (weight + kRatioPriorWeight);
+}
 
 AdaptivePolicy::AdaptivePolicy(const EngineConfig& config, const TestingConfig& testing)
     : config_(config), enabled_(config.adaptive && config.mode != "ar"), forced_(testing.forced_lookahead) {
@@ -36,10 +57,13 @@ AdaptivePolicy::AdaptivePolicy(const EngineConfig& config, const TestingConfig& 
   gauges_.policy_drafting = enabled_ ? "unplanned" : "off";
 }
 
-double AdaptivePolicy::acceptance_of(const Sequence* seq) const {
-  const double global = (kept_ + kPriorWeight * kPriorAcceptance) / (tried_ + kPriorWeight);
-  const double a = (seq->kept + kSequenceWeight * global) / (seq->tried + kSequenceWeight);
-  return std::clamp(a, 0.0, kMaxAcceptance);
+Acceptance AdaptivePolicy::acceptance_of(const Sequence* seq) const {
+  auto estimate = [](double kept, double tried, double global_kept, double global_tried) {
+    const double global = (global_kept + kPriorWeight * kPriorAcceptance) / (global_tried + kPriorWeight);
+    return std::clamp((kept + kSequenceWeight * global) / (tried + kSequenceWeight), 0.0, kMaxAcceptance);
+  };
+  return {estimate(seq->kept, seq->tried, kept_, tried_),
+          estimate(seq->kept_next, seq->tried_next, kept_next_, tried_next_)};
 }
 
 void AdaptivePolicy::learn_draft_costs(const DraftCounters& totals) {
@@ -52,8 +76,14 @@ void AdaptivePolicy::learn_draft_costs(const DraftCounters& totals) {
   const double neural_s = totals.neural_fallback_seconds - seen_.neural_fallback_seconds;
   if (last_batch_ > 0) {
     // sd counts its draft forwards; an ssd draft round is a tree.
-    if (forwards > 0) draft_step_.observe(last_batch_, draft_s / static_cast<double>(forwards));
-    else if (rounds > 0) tree_.observe(last_batch_, draft_s / static_cast<double>(rounds));
+    if (forwards > 0) {
+      draft_step_.observe(last_batch_, draft_s / static_cast<double>(forwards));
+    } else if (rounds > 0) {
+      const double tree_s = draft_s / static_cast<double>(rounds);
+      tree_.observe(last_batch_, tree_s);
+      if (last_overlapped_forward_ > 0)
+        tree_per_verify_.observe(tree_s / last_overlapped_forward_, kPriorTreePerVerify);
+    }
     if (fallbacks > 0) fallback_.observe(last_batch_, fallback_s / static_cast<double>(fallbacks));
     if (neural > 0) neural_fallback_.observe(last_batch_, neural_s / static_cast<double>(neural));
   }
@@ -69,6 +99,10 @@ StepCosts AdaptivePolicy::costs_at(int64_t batch, int64_t rows, Drafting kind) c
   c.draft_step = draft_step_.empty() ? step / static_cast<double>(std::max<int64_t>(config_.k, 1))
                                      : draft_step_.seconds(batch);
   c.tree = tree_.empty() ? forward_.seconds(rows) : tree_.seconds(batch);
+  c.contention = contention_.value(kPriorContention);
+  // The auto budget sizes each tree to the last verify: its time follows the verify's.
+  if (config_.fanout_budget == 0 && config_.fanout_list.empty())
+    c.tree_per_verify = tree_per_verify_.value(kPriorTreePerVerify);
   // Without trees every round drafts with the draft model (ssd_draft_worker).
   const CostCurve& fallback = kind == Drafting::kMisses ? neural_fallback_ : fallback_;
   c.fallback = fallback.empty() ? step : fallback.seconds(batch);
@@ -76,62 +110,141 @@ StepCosts AdaptivePolicy::costs_at(int64_t batch, int64_t rows, Drafting kind) c
   return c;
 }
 
-void AdaptivePolicy::plan(const std::vector<Sequence*>& decoding, const DraftCounters& draft_totals) {
-  if (decoding.empty()) return;
-  const auto t0 = Clock::now();
-  learn_draft_costs(draft_totals);
-  const auto b = static_cast<int64_t>(decoding.size());
-  last_batch_ = b;
-  ++step_;
-  if (!enabled_ || forward_.empty()) return;
-  const int64_t K = config_.k;
-  std::vector<double> acceptance;
-  for (const Sequence* seq : decoding) acceptance.push_back(acceptance_of(seq));
-  const StepCosts costs = costs_at(b, b * (K + 1), Drafting::kTrees);
-  StepPlan best, current, none, speculative;
-  for (Drafting kind : kinds_) {
-    const StepPlan p = plan_step(kind, acceptance, K, costs_at(b, b * (K + 1), kind));
-    if (kind == Drafting::kNone) none = p;
-    else if (p.tokens_per_second() > speculative.tokens_per_second()) speculative = p;
-    if (kind == kind_) current = p;
-    if (p.tokens_per_second() > best.tokens_per_second()) best = p;
+double AdaptivePolicy::step_factor(Drafting kind, int64_t batch) const {
+  const double all = step_all_[index_of(kind)].value(kPriorStepFactor);
+  const auto& by_batch = step_by_batch_[index_of(kind)];
+  const auto it = by_batch.find(batch);
+  return it == by_batch.end() ? all : it->second.value(all);
+}
+
+void AdaptivePolicy::observe_forward(int64_t rows, double seconds) {
+  if (!overlapped_) {
+    forward_.observe(rows, seconds);
+  } else if (!forward_.empty()) {
+    contention_.observe(seconds / forward_.seconds(rows), kPriorContention);
+    last_overlapped_forward_ = seconds;
   }
-  // An autoregressive step where this batch's forward was never timed:
-  // without it the curve would only guess the cost of not speculating.
-  const bool explore = forced_.empty() && !forward_.measured_near(b);
-  // After an exploring or warming step the choice is free (no dwell, no hysteresis).
-  const bool warming = tried_ < kWarmupTrials && speculative.drafting != Drafting::kNone;
-  StepPlan chosen = current;
+  overlapped_ = false;
+}
+
+void AdaptivePolicy::observe_step(double seconds, bool decode_only) {
+  const Expected e = expected_;
+  expected_ = {};
+  if (!decode_only || !(e.seconds > 0) || !(seconds > 0)) return;
+  Ratio& all = step_all_[index_of(e.drafting)];
+  step_by_batch_[index_of(e.drafting)][e.batch].observe(seconds / e.seconds, all.value(kPriorStepFactor));
+  all.observe(seconds / e.seconds, kPriorStepFactor);
+}
+
+void AdaptivePolicy::expect_step(const std::vector<Sequence*>& decoding) {
+  // The rounds verified now were planned a step ago; their lookaheads say
+  // what ran. The first step of a kind pays for the switch, and a step that
+  // starts a sequence waits for the draft's prefill: neither is compared.
+  std::vector<int64_t> lookaheads;
+  bool speculating = false, trees = false;
+  for (const Sequence* seq : decoding) {
+    lookaheads.push_back(seq->lookahead);
+    speculating = speculating || seq->lookahead > 0;
+    trees = trees || (seq->lookahead > 0 && seq->trees);
+  }
+  Drafting ran = Drafting::kNone;
+  if (speculating) ran = config_.mode == "sd" ? Drafting::kSequential : trees ? Drafting::kTrees : Drafting::kMisses;
+  const auto b = static_cast<int64_t>(decoding.size());
+  expected_ = {};
+  if (ran == last_ran_ && planned_ && !started_) {
+    int64_t rows = 0;
+    for (int64_t v : lookaheads) rows += 1 + v;
+    expected_ = {ran, step_seconds(ran, lookaheads, costs_at(b, rows, ran)), b};
+  }
+  last_ran_ = ran;
+  started_ = false;
+}
+
+AdaptivePolicy::Options AdaptivePolicy::evaluate(const std::vector<Acceptance>& acceptance, int64_t b) const {
+  const int64_t K = config_.k;
+  Options o;
+  for (Drafting kind : kinds_) {
+    StepPlan p = plan_step(kind, acceptance, K, costs_at(b, b * (K + 1), kind));
+    // A plan that verifies no proposal runs an autoregressive step, whatever its kind.
+    p.seconds *= step_factor(p.threshold > 1 ? Drafting::kNone : kind, b);
+    if (kind == Drafting::kNone) o.none = p;
+    else if (p.tokens_per_second() > o.speculative.tokens_per_second()) o.speculative = p;
+    if (kind == kind_) o.current = p;
+    if (p.tokens_per_second() > o.best.tokens_per_second()) o.best = p;
+  }
+  if (config_.mode == "ssd") {
+    o.misses = plan_step(Drafting::kMisses, acceptance, K, costs_at(b, b * (K + 1), Drafting::kMisses), 0.0);
+    o.misses.seconds *= step_factor(Drafting::kMisses, b);
+  }
+  return o;
+}
+
+StepPlan AdaptivePolicy::choose(const Options& o, int64_t b, const std::vector<Acceptance>& acceptance) {
+  const int64_t full = b * (config_.k + 1);
+  // A forward size never timed is timed first, without trees beside it: one
+  // row per sequence (an autoregressive step), then in ssd a full verify.
+  const bool free_plan = forced_.empty();
+  const bool explore = free_plan && !forward_.measured_near(b) && timing_rows_ != b;
+  const bool calibrate = free_plan && !explore && config_.mode == "ssd" && !forward_.measured_near(full) &&
+                         timing_rows_ != full;
+  timing_rows_ = explore ? b : calibrate ? full : 0;
+  const bool warming = tried_ + tried_next_ < kWarmupTrials && o.speculative.drafting != Drafting::kNone;
+  StepPlan chosen = o.current;
   if (explore) {
-    chosen = none;
+    chosen = o.none;
+  } else if (calibrate) {
+    chosen = o.misses;
   } else if (warming) {
-    chosen = speculative;
+    chosen = o.speculative;
     chosen.threshold = 0.0;  // every proposal: the fixed mode's rounds
   } else if (!planned_ || explored_ ||
-             (best.drafting != kind_ && since_switch_ >= kDwellSteps &&
-              best.tokens_per_second() > current.tokens_per_second() * (1 + kHysteresis))) {
-    chosen = best;
+             (o.best.drafting != kind_ && since_switch_ >= kDwellSteps &&
+              o.best.tokens_per_second() > o.current.tokens_per_second() * (1 + kHysteresis))) {
+    chosen = o.best;
   }
-  explored_ = explore || warming;
+  explored_ = explore || calibrate || warming;
   if (planned_ && chosen.drafting != kind_) {
     counters_.adaptive_switches += 1;
     since_switch_ = 0;
     probe_every_ = kProbeFirst;
     SSD_LOG_INFO("adaptive: drafting " << drafting_name(kind_) << " -> " << drafting_name(chosen.drafting)
-                                       << " at batch " << b << (explore ? " (timing this batch's forward)" : "")
+                                       << " at batch " << b
+                                       << (explore ? " (timing the forward)" : calibrate ? " (timing a verify)" : "")
                                        << ": predicted " << chosen.tokens_per_second() << " tok/s against "
-                                       << current.tokens_per_second() << " (acceptance "
-                                       << acceptance.front() << ", hit rate " << costs.hit_rate << ")");
+                                       << o.current.tokens_per_second() << " (acceptance "
+                                       << acceptance.front().first << " then " << acceptance.front().next << ")");
   }
+  return chosen;
+}
+
+void AdaptivePolicy::plan(const std::vector<Sequence*>& decoding, const DraftCounters& draft_totals) {
+  if (decoding.empty()) return;
+  const auto t0 = Clock::now();
+  // Rounds verified now that asked for trees: the draft builds them beside this forward.
+  overlapped_ = config_.mode == "ssd" && std::any_of(decoding.begin(), decoding.end(), [](const Sequence* s) {
+                  return s->trees && s->lookahead > 0;
+                });
+  learn_draft_costs(draft_totals);
+  const auto b = static_cast<int64_t>(decoding.size());
+  last_batch_ = b;
+  ++step_;
+  if (!enabled_ || forward_.empty()) return;
+  expect_step(decoding);
+  std::vector<Acceptance> acceptance;
+  for (const Sequence* seq : decoding) acceptance.push_back(acceptance_of(seq));
+  const Options o = evaluate(acceptance, b);
+  const StepPlan chosen = choose(o, b, acceptance);
   ++since_switch_;
   kind_ = chosen.drafting;
   in_force_ = chosen;
+  probe_rounds_ = 0;
   // Without speculation nothing updates the acceptance estimates: now and
-  // then one step speculates in full (the kind in force stays).
-  if (chosen.drafting == Drafting::kNone && !explore && speculative.drafting != Drafting::kNone &&
+  // then one sequence speculates in full for a step (the kind in force stays).
+  if (chosen.drafting == Drafting::kNone && timing_rows_ == 0 && o.speculative.drafting != Drafting::kNone &&
       ++since_speculation_ >= probe_every_) {
-    in_force_ = speculative;
+    in_force_ = o.speculative;
     in_force_.threshold = 0.0;
+    probe_rounds_ = 1;
     since_speculation_ = 0;
     probe_every_ = std::min(2 * probe_every_, kProbeMax);
     counters_.adaptive_probe_steps += 1;
@@ -141,27 +254,41 @@ void AdaptivePolicy::plan(const std::vector<Sequence*>& decoding, const DraftCou
   counters_.adaptive_steps += 1;
   if (in_force_.drafting == Drafting::kNone) counters_.adaptive_ar_steps += 1;
   if (in_force_.drafting == Drafting::kTrees) counters_.adaptive_tree_steps += 1;
-  double mean = 0;
-  for (double a : acceptance) mean += a / static_cast<double>(b);
+  update_gauges(o, chosen, acceptance, b);
+  counters_.adaptive_decision_seconds += since(t0);
+}
+
+void AdaptivePolicy::update_gauges(const Options& o, const StepPlan& chosen,
+                                   const std::vector<Acceptance>& acceptance, int64_t b) {
+  const StepCosts costs = costs_at(b, b * (config_.k + 1), Drafting::kTrees);
+  double mean = 0, mean_next = 0;
+  for (const Acceptance& a : acceptance) {
+    mean += a.first / static_cast<double>(b);
+    mean_next += a.next / static_cast<double>(b);
+  }
   gauges_.policy_drafting = drafting_name(chosen.drafting);
   gauges_.policy_batch = b;
   gauges_.policy_threshold = chosen.threshold;
   gauges_.policy_acceptance = mean;
+  gauges_.policy_continuation = mean_next;
   gauges_.policy_hit_rate = costs.hit_rate;
   gauges_.policy_verify_seconds = chosen.seconds;
   gauges_.policy_forward_seconds = forward_.seconds(b);
   gauges_.policy_tree_seconds = costs.tree;
   gauges_.policy_fallback_seconds = costs.fallback;
   gauges_.policy_draft_seconds = costs.draft_step;
+  gauges_.policy_contention = costs.contention;
+  gauges_.policy_step_factor = step_factor(chosen.drafting, b);
   gauges_.policy_tok_s = chosen.tokens_per_second();
-  gauges_.policy_tok_s_ar = none.tokens_per_second();
-  gauges_.policy_tok_s_best = best.tokens_per_second();
+  gauges_.policy_tok_s_ar = o.none.tokens_per_second();
+  gauges_.policy_tok_s_best = o.best.tokens_per_second();
   if (step_ % 100 == 0)
     SSD_LOG_DEBUG("adaptive: batch " << b << ", drafting " << gauges_.policy_drafting << ", threshold "
-                                     << chosen.threshold << ", acceptance " << mean << ", hit rate " << costs.hit_rate
-                                     << ", predicted " << chosen.tokens_per_second() << " tok/s (ar "
-                                     << none.tokens_per_second() << ")");
-  counters_.adaptive_decision_seconds += since(t0);
+                                     << chosen.threshold << ", acceptance " << mean << " then " << mean_next
+                                     << ", hit rate " << costs.hit_rate
+                                     << ", step factor " << gauges_.policy_step_factor << ", contention "
+                                     << costs.contention << ", predicted " << chosen.tokens_per_second()
+                                     << " tok/s (ar " << o.none.tokens_per_second() << ")");
 }
 
 void AdaptivePolicy::assign(Sequence* seq) {
@@ -173,10 +300,14 @@ void AdaptivePolicy::assign(Sequence* seq) {
   } else if (!enabled_ || !planned_) {
     seq->lookahead = K;
     seq->trees = true;
+  } else if (in_force_.drafting == Drafting::kNone) {
+    seq->lookahead = 0;
+    seq->trees = false;
   } else {
-    seq->lookahead = in_force_.drafting == Drafting::kNone
-                         ? 0
-                         : lookahead_for(acceptance_of(seq), in_force_.threshold, K);
+    // A probe (a speculative plan while none is in force) speculates for its first rounds only.
+    const bool speculates = in_force_.drafting == kind_ || probe_rounds_ > 0;
+    seq->lookahead = speculates ? lookahead_for(acceptance_of(seq), in_force_.threshold, K) : 0;
+    if (in_force_.drafting != kind_ && probe_rounds_ > 0) --probe_rounds_;
     seq->trees = in_force_.drafting == Drafting::kTrees;
   }
   if (enabled_ || !forced_.empty()) {
@@ -185,15 +316,25 @@ void AdaptivePolicy::assign(Sequence* seq) {
   }
 }
 
-void AdaptivePolicy::first_round(Sequence* seq) { assign(seq); }
+void AdaptivePolicy::first_round(Sequence* seq) {
+  started_ = true;
+  assign(seq);
+}
 
 void AdaptivePolicy::after_round(Sequence* seq, int64_t proposed, int64_t accepted, CacheLookup lookup) {
   if (proposed > 0) {
-    const double tried = static_cast<double>(accepted + (accepted < proposed ? 1 : 0));
-    seq->kept = kSequenceDecay * seq->kept + static_cast<double>(accepted);
-    seq->tried = kSequenceDecay * seq->tried + tried;
-    kept_ = kGlobalDecay * kept_ + static_cast<double>(accepted);
-    tried_ = kGlobalDecay * tried_ + tried;
+    // The first proposal: one trial. Each kept proposal opens a trial of the next, if it was verified.
+    const double first = accepted > 0 ? 1.0 : 0.0;
+    const double kept_next = static_cast<double>(std::max<int64_t>(accepted - 1, 0));
+    const double tried_next = kept_next + (accepted > 0 && accepted < proposed ? 1.0 : 0.0);
+    auto add = [](double& kept, double& tried, double k, double t, double decay) {
+      kept = decay * kept + k;
+      tried = decay * tried + t;
+    };
+    add(seq->kept, seq->tried, first, 1.0, kSequenceDecay);
+    add(seq->kept_next, seq->tried_next, kept_next, tried_next, kSequenceDecay);
+    add(kept_, tried_, first, 1.0, kGlobalDecay);
+    add(kept_next_, tried_next_, kept_next, tried_next, kGlobalDecay);
   }
   // Hit rates are learnt from rounds whose tree was asked for.
   if (seq->trees && (lookup == CacheLookup::kHit || lookup == CacheLookup::kNeuralFallback ||

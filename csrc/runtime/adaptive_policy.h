@@ -9,19 +9,34 @@
 // It never reads the target's logits of the round being verified, so the
 // output law (and temperature-0 output) is that of any fixed lookahead.
 //
-// Until kWarmupTrials proposals were verified every round verifies k (with
-// the best speculative kind); a batch size whose forward was never timed gets
-// one autoregressive step first.
+// What it measures, and how the step model is kept honest:
+// - the target forward by rows, from forwards with no tree built beside
+//   them; a forward beside tree building is slower by a learnt factor
+//   (contention), and a tree takes a learnt share of the forward it runs
+//   beside (the auto fan-out budget sizes trees to the verify);
+// - each step's modelled seconds (for the lookaheads its rounds verify)
+//   against its measured seconds, per drafting kind and batch size: the
+//   ratio scales that kind's predictions (waits for the draft side, engine
+//   overhead and whatever else the model leaves out).
+//
+// Before it plans freely at a batch size: one autoregressive step times the
+// forward of one row per sequence, in ssd one step without trees times a
+// full verify's forward (so the cost of every lookahead in between is
+// interpolated between two uncontended measurements), and until
+// kWarmupTrials proposals were verified every round verifies k with the best
+// speculative kind.
 //
 // A round's lookahead is decided when the round before it is verified (or
 // when the sequence's prefill is done), so the ssd draft worker hears it
 // with the outcome and builds that round's tree for the outcomes that can
 // happen. While no sequence speculates, nothing updates the acceptance
-// estimates, so after 64 such steps (then 128, ... 512) one step speculates in
-// full (a probe) and the plan is made again. Engine thread only.
+// estimates, so after 64 such steps (then 128, ... 512) one sequence
+// speculates in full for a step (a probe) and the plan is made again.
+// Engine thread only.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "scheduler.h"
@@ -41,8 +56,11 @@ class AdaptivePolicy {
   /// draft_totals: the draft side's counters so far (their growth gives the
   /// draft costs).
   void plan(const std::vector<Sequence*>& decoding, const DraftCounters& draft_totals);
-  /// A target forward over `rows` rows took `seconds`.
-  void observe_forward(int64_t rows, double seconds) { forward_.observe(rows, seconds); }
+  /// The step's target forward over `rows` rows took `seconds`.
+  void observe_forward(int64_t rows, double seconds);
+  /// The step took `seconds` from schedule to postprocess; `decode_only`:
+  /// every chunk was a decoding sequence's round (no prefill in it).
+  void observe_step(double seconds, bool decode_only);
   /// Sets the lookahead (and trees) of the sequence's first round.
   void first_round(Sequence* seq);
   /// A round of `seq` verified `proposed` proposals and kept `accepted`;
@@ -59,27 +77,67 @@ class AdaptivePolicy {
   static constexpr int64_t kDwellSteps = 8;
 
  private:
-  double acceptance_of(const Sequence* seq) const;
+  /// A ratio learnt from measurements: a decayed mean pulled towards a prior
+  /// (the same prior for observe() and value()).
+  struct Ratio {
+    double sum = 0.0, weight = 0.0;
+    void observe(double x, double prior);
+    double value(double prior) const;
+  };
+  /// The plans of one step, one per drafting kind the mode has.
+  struct Options {
+    StepPlan best, current, none, speculative, misses;
+  };
+  /// What the model said of the rounds a step verifies (their lookaheads are known when it starts).
+  struct Expected {
+    Drafting drafting = Drafting::kNone;
+    double seconds = 0.0;  // modelled, before the step factor; 0: nothing to compare
+    int64_t batch = 0;
+  };
+
+  Acceptance acceptance_of(const Sequence* seq) const;
   void assign(Sequence* seq);
   void learn_draft_costs(const DraftCounters& totals);
   StepCosts costs_at(int64_t batch, int64_t rows, Drafting kind) const;
+  /// Measured / modelled step seconds of `kind` at batch b (1 until measured).
+  double step_factor(Drafting kind, int64_t batch) const;
+  void expect_step(const std::vector<Sequence*>& decoding);
+  Options evaluate(const std::vector<Acceptance>& acceptance, int64_t batch) const;
+  StepPlan choose(const Options& o, int64_t batch, const std::vector<Acceptance>& acceptance);
+  void update_gauges(const Options& o, const StepPlan& chosen, const std::vector<Acceptance>& acceptance,
+                     int64_t batch);
 
   const EngineConfig& config_;
   bool enabled_;
   std::vector<int64_t> forced_;  // TestingConfig::forced_lookahead
   std::vector<Drafting> kinds_;  // the kinds this mode can run
-  CostCurve forward_;            // target forward by rows
+  // Target forwards by rows while the draft side builds no tree. A forward
+  // beside tree building is slower (on a CPU the two share memory
+  // bandwidth): contention_ is by how much, tree_per_verify_ how long a tree
+  // takes against the forward it ran beside.
+  CostCurve forward_;
+  Ratio contention_, tree_per_verify_;
+  bool overlapped_ = false;               // this step's forward runs beside tree building
+  double last_overlapped_forward_ = 0.0;  // seconds of the last such forward
   CostCurve draft_step_, tree_, fallback_, neural_fallback_;  // draft side, by sequences
-  DraftCounters seen_;           // draft totals at the last plan
+  DraftCounters seen_;  // draft totals at the last plan
+  // Measured / modelled step seconds by drafting kind: over every batch, and by batch.
+  Ratio step_all_[4];
+  std::map<int64_t, Ratio> step_by_batch_[4];
+  Expected expected_;                       // of the step under way
+  Drafting last_ran_ = Drafting::kNone;     // the kind of the last step's rounds
+  bool started_ = false;                    // a sequence's first round was assigned since the last plan
+  int64_t timing_rows_ = 0;                 // a forward the last plan asked for, to time it
   int64_t last_batch_ = 0;
-  double kept_ = 0.0, tried_ = 0.0;  // all sequences (decayed)
+  double kept_ = 0.0, tried_ = 0.0, kept_next_ = 0.0, tried_next_ = 0.0;  // all sequences (decayed), as Sequence's
   double hits_ = 0.0, lookups_ = 0.0;
-  StepPlan in_force_;             // what this step's outcomes open (a probe's plan, for one step)
+  StepPlan in_force_;                // what this step's outcomes open (a probe's plan, for one step)
+  int64_t probe_rounds_ = 0;         // rounds of a probe still to assign (a probe speculates for one sequence)
   Drafting kind_ = Drafting::kNone;  // the drafting kind in force
   int64_t since_speculation_ = 0;    // autoregressive steps since one speculated
   int64_t probe_every_ = 64;
   bool planned_ = false;
-  bool explored_ = false;  // the last plan was an exploring autoregressive step
+  bool explored_ = false;  // the last plan was a timing or warming step
   int64_t since_switch_ = 0;
   int64_t step_ = 0;
   AdaptiveCounters counters_;

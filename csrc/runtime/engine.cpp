@@ -226,6 +226,14 @@ class Engine::Impl {
     for (Sequence* seq : plan.preempted)
       if (speculator_) speculator_->release(seq, false);
     for (Sequence* seq : plan.failed) finish(seq, FinishReason::kError, plan.failure, responses);
+    // A sequence's speculation starts with its prefill's first chunk, so the
+    // draft side prefills the prompt beside the target instead of after it.
+    if (speculator_)
+      for (const auto& c : plan.chunks)
+        if (!c.speculative && c.seq->num_computed == 0) {
+          policy_.first_round(c.seq);
+          speculator_->prefilling(c.seq);
+        }
     std::vector<Proposal> proposals(plan.chunks.size());
     // Each round verifies what its sequence's lookahead (decided before this step) says.
     std::vector<Sequence*> decoding;
@@ -264,6 +272,7 @@ class Engine::Impl {
     policy_.observe_forward(static_cast<int64_t>(input.tokens.size()), forward_s);
     const int64_t emitted = postprocess(plan.chunks, proposals, logits, forward_s, responses);
     if (speculator_) speculator_->flush();
+    policy_.observe_step(seconds_since(t_step), decoding.size() == plan.chunks.size());
     record_step(plan, static_cast<int64_t>(input.tokens.size()), emitted, forward_s, t_step);
   }
 
@@ -311,10 +320,6 @@ class Engine::Impl {
         continue;
       }
       seq->num_computed += chunks[i].num_tokens;
-      if (speculator_ && seq->num_computed >= seq->len() - 1) {
-        policy_.first_round(seq);
-        speculator_->prefilled(seq);
-      }
       if (!chunks[i].wants_logits) continue;
       try {
         append_token(seq, sampler_.sample(rows, vocab_, seq->params, seq->seed, seq->len()), rows, responses);

@@ -35,7 +35,9 @@ struct Sequence {
   // verifies, and its acceptance estimate.
   int64_t lookahead = 0;        ///< proposals the next round verifies (0: an autoregressive step)
   bool trees = true;            ///< ssd: the draft builds a tree for the next round's outcomes
-  double kept = 0.0, tried = 0.0;  ///< recent proposals kept / verified (decayed)
+  /// Recent rounds (decayed): first proposals kept / verified, and later
+  /// proposals (each after a kept one) kept / verified.
+  double kept = 0.0, tried = 0.0, kept_next = 0.0, tried_next = 0.0;
 
   int64_t len() const { return static_cast<int64_t>(tokens.size()); }
   int64_t generated() const { return len() - prompt_len; }

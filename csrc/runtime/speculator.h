@@ -48,8 +48,10 @@ class Speculator {
   /// appended (seq->len() is the position of the first proposal).
   virtual void verified(Sequence* seq, const Proposal& proposal, int64_t accepted, int32_t bonus,
                         double verify_seconds) = 0;
-  /// The sequence's prefill is done: its speculative rounds can start.
-  virtual void prefilled(Sequence* /*seq*/) {}
+  /// The sequence's prefill (or its prefill after a preemption) begins this
+  /// step: its tokens are final up to its first speculative round, whose
+  /// lookahead is set. ssd's draft side prefills them beside the target.
+  virtual void prefilling(Sequence* /*seq*/) {}
   /// The sequence leaves the running set: preempted (it comes back later) or
   /// finished (for good). Its draft state is freed.
   virtual void release(Sequence* seq, bool finished) = 0;

@@ -127,17 +127,61 @@ const char* drafting_name(Drafting d) {
   return "?";
 }
 
-int64_t lookahead_for(double acceptance, double threshold, int64_t K) {
+int64_t lookahead_for(const Acceptance& acceptance, double threshold, int64_t K) {
   int64_t V = 0;
-  for (double gain = acceptance; V < K && gain >= threshold; gain *= acceptance) ++V;
+  for (double gain = acceptance.first; V < K && gain >= threshold; gain *= acceptance.next) ++V;
   return V;
 }
 
-StepPlan plan_step(Drafting d, const std::vector<double>& acceptance, int64_t K, const StepCosts& c) {
+namespace {
+
+// A step's seconds (the formulas of speed_model.h) over `rows` rows, the
+// longest lookahead max_v and `speculating` sequences with a lookahead.
+double step_seconds(Drafting d, int64_t rows, int64_t max_v, int64_t speculating, const StepCosts& c) {
+  const double t = c.forward->seconds(rows);
+  switch (d) {
+    case Drafting::kNone: return t;
+    case Drafting::kSequential: return t + static_cast<double>(max_v) * c.draft_step;
+    case Drafting::kTrees: {
+      if (speculating == 0) return t;
+      const double verify = c.contention * t;
+      const double tree = c.tree_per_verify > 0 ? c.tree_per_verify * verify : c.tree;
+      return std::max(verify, tree) + (1 - std::pow(c.hit_rate, static_cast<double>(speculating))) * c.fallback;
+    }
+    case Drafting::kMisses: return t + (speculating > 0 ? c.fallback : 0.0);
+  }
+  return t;
+}
+
+void check_costs(const StepCosts& c) {
   if (c.forward == nullptr || c.forward->empty()) throw std::invalid_argument("plan_step: no measured forward times");
-  check(K >= 0, "K", "must be >= 0", static_cast<double>(K));
   check(c.hit_rate >= 0 && c.hit_rate <= 1, "hit_rate", "must be in [0, 1]", c.hit_rate);
-  for (double a : acceptance) check(a >= 0 && a < 1, "acceptance", "must be in [0, 1)", a);
+  check(c.contention > 0, "contention", "must be > 0", c.contention);
+  check(c.tree_per_verify >= 0, "tree_per_verify", "must be >= 0", c.tree_per_verify);
+}
+
+}  // namespace
+
+double step_seconds(Drafting d, const std::vector<int64_t>& lookaheads, const StepCosts& costs) {
+  check_costs(costs);
+  int64_t rows = 0, max_v = 0, speculating = 0;
+  for (int64_t v : lookaheads) {
+    check(v >= 0, "lookahead", "must be >= 0", static_cast<double>(v));
+    rows += 1 + v;
+    max_v = std::max(max_v, v);
+    speculating += v > 0 ? 1 : 0;
+  }
+  return step_seconds(d, rows, max_v, d == Drafting::kNone ? 0 : speculating, costs);
+}
+
+StepPlan plan_step(Drafting d, const std::vector<Acceptance>& acceptance, int64_t K, const StepCosts& c,
+                   double threshold) {
+  check_costs(c);
+  check(K >= 0, "K", "must be >= 0", static_cast<double>(K));
+  for (const Acceptance& a : acceptance) {
+    check(a.first >= 0 && a.first < 1, "acceptance", "must be in [0, 1)", a.first);
+    check(a.next >= 0 && a.next < 1, "continuation", "must be in [0, 1)", a.next);
+  }
   const auto b = static_cast<int64_t>(acceptance.size());
   // Every proposal's gain, best first; a sequence's gains fall with depth,
   // so a prefix of this order verifies a prefix of each sequence's proposals.
@@ -148,42 +192,38 @@ StepPlan plan_step(Drafting d, const std::vector<double>& acceptance, int64_t K,
   std::vector<Gain> gains;
   if (d != Drafting::kNone)
     for (size_t i = 0; i < acceptance.size(); ++i) {
-      double gain = acceptance[i];  // a^j as lookahead_for() computes it, so thresholds match exactly
-      for (int64_t j = 1; j <= K; ++j, gain *= acceptance[i]) gains.push_back({gain, i});
+      double gain = acceptance[i].first;  // as lookahead_for() computes it, so thresholds match exactly
+      for (int64_t j = 1; j <= K; ++j, gain *= acceptance[i].next) gains.push_back({gain, i});
     }
   std::stable_sort(gains.begin(), gains.end(), [](const Gain& x, const Gain& y) { return x.gain > y.gain; });
   std::vector<int64_t> V(acceptance.size(), 0);
   int64_t max_v = 0, speculating = 0;
   double tokens = static_cast<double>(b);
-  auto seconds = [&](int64_t rows) {
-    const double t = c.forward->seconds(rows);
-    switch (d) {
-      case Drafting::kNone: return t;
-      case Drafting::kSequential: return t + static_cast<double>(max_v) * c.draft_step;
-      case Drafting::kTrees:
-        return speculating == 0 ? t
-                                : std::max(t, c.tree) +
-                                      (1 - std::pow(c.hit_rate, static_cast<double>(speculating))) * c.fallback;
-      case Drafting::kMisses: return t + (speculating > 0 ? c.fallback : 0.0);
-    }
-    return t;
-  };
   StepPlan best;
   best.drafting = d;
   best.tokens = tokens;
-  best.seconds = seconds(b);
+  best.seconds = step_seconds(d, b, 0, 0, c);
+  size_t taken = 0;  // gains in the best plan
   for (size_t n = 0; n < gains.size(); ++n) {
     const Gain& g = gains[n];
+    if (threshold >= 0 && g.gain < threshold) break;
     if (V[g.seq]++ == 0) ++speculating;
     max_v = std::max(max_v, V[g.seq]);
     tokens += g.gain;
-    const double t = seconds(b + static_cast<int64_t>(n) + 1);
-    if (t > 0 && tokens / t > best.tokens_per_second()) {
+    const double t = step_seconds(d, b + static_cast<int64_t>(n) + 1, max_v, speculating, c);
+    if (t > 0 && (threshold >= 0 || tokens / t > best.tokens_per_second())) {
       best.tokens = tokens;
       best.seconds = t;
-      best.threshold = g.gain;
+      taken = n + 1;
     }
   }
+  // The threshold lies between the last gain taken and the first left out
+  // (geometric mean), not on either: the plan is applied after the round's
+  // outcome has moved the estimates a little, which must not move a
+  // sequence's lookahead across the cut. Everything taken: 0.
+  if (threshold >= 0) best.threshold = threshold;
+  else if (taken == gains.size() && taken > 0) best.threshold = 0.0;
+  else if (taken > 0) best.threshold = std::sqrt(gains[taken - 1].gain * gains[taken].gain);
   return best;
 }
 

@@ -188,6 +188,8 @@ void SsdDraftWorker::fail_batch(const std::vector<SpecMessage>& messages, const 
 void SsdDraftWorker::handle(std::vector<SpecMessage>& messages) {
   Batch batch;
   read(messages, batch);
+  if (testing_.draft_answer_delay_ms > 0 && batch.outcomes > 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(testing_.draft_answer_delay_ms));
   plan_fanout(std::max<int64_t>(static_cast<int64_t>(batch.out.size() + batch.misses.size() + batch.starts.size()), 1));
   answer_misses(batch);
   answer_starts(batch);

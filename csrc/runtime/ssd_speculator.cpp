@@ -46,7 +46,7 @@ bool SsdSpeculator::wants_speculation(const ScheduledChunk& c) const {
   return it != lives_.end() && it->second.told > 0;
 }
 
-void SsdSpeculator::prefilled(Sequence* seq) {
+void SsdSpeculator::prefilling(Sequence* seq) {
   if (!lives_[seq->id].started) start(seq);
 }
 

@@ -27,7 +27,7 @@ class SsdSpeculator final : public Speculator {
   std::vector<DraftFailure> propose(std::vector<ScheduledChunk>& chunks, std::vector<Proposal>& proposals) override;
   void verified(Sequence* seq, const Proposal& proposal, int64_t accepted, int32_t bonus,
                 double verify_seconds) override;
-  void prefilled(Sequence* seq) override;
+  void prefilling(Sequence* seq) override;
   void release(Sequence* seq, bool finished) override;
   void flush() override;
   double wait_seconds() const override { return wait_seconds_; }

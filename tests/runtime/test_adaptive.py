@@ -169,7 +169,7 @@ def test_plan_sequential_stops_where_drafting_stops_paying():
     # V = 0..4 give 1/0.10, 1.5/0.11, 1.75/0.12, 1.875/0.13, 1.9375/0.14 tokens/s: V = 2 is best.
     plan = _C.plan_step("sequential", [0.5], 4, [(1, 0.1), (40, 0.1)], draft_step=0.01)
     assert plan["lookaheads"] == [2]
-    assert plan["threshold"] == pytest.approx(0.25)
+    assert plan["threshold"] == pytest.approx((0.25 * 0.125) ** 0.5)  # between the last gain taken and the next
     assert plan["tokens"] == pytest.approx(1.75) and plan["seconds"] == pytest.approx(0.12)
 
 
@@ -185,7 +185,7 @@ def test_plan_gives_more_proposals_to_the_sequence_that_keeps_them():
     # Gains in order .9 .81 .729 .6561 .2 ...: tokens/s 20, 26.4, 30.9, 34.1, 36.4, then 35.3.
     plan = _C.plan_step("trees", [0.9, 0.2], 4, [(2, 0.10), (10, 0.18)], tree=0.05, fallback=0.05, hit_rate=1.0)
     assert plan["lookaheads"] == [4, 0]
-    assert plan["threshold"] == pytest.approx(0.6561)
+    assert plan["threshold"] == pytest.approx((0.6561 * 0.2) ** 0.5)
     assert plan["tokens"] == pytest.approx(5.0951) and plan["seconds"] == pytest.approx(0.14)
 
 
@@ -197,6 +197,44 @@ def test_plan_counts_the_misses_of_the_batch():
     # Without a tree every speculating round pays the fallback: 0.1 + 0.01 s for 1.5 tokens wins.
     plan = _C.plan_step("misses", [0.5], 1, [(1, 0.1), (2, 0.1)], fallback=0.01)
     assert plan["lookaheads"] == [1] and plan["seconds"] == pytest.approx(0.11)
+
+
+def test_plan_prices_trees_beside_a_slowed_forward():
+    # One sequence at acceptance 0.5; the forward takes 0.1 s at 1 row and 0.01 s per row more; trees always hit.
+    curve, a = [(1, 0.10), (5, 0.14)], [0.5]
+    # Unslowed, a tree as long as its verify: V = 0..4 give 1/.10, 1.5/.11, 1.75/.12, 1.875/.13, 1.9375/.14.
+    plan = _C.plan_step("trees", a, 4, curve, hit_rate=1.0, tree_per_verify=1.0)
+    assert plan["lookaheads"] == [2] and plan["seconds"] == pytest.approx(0.12)
+    # The forward 1.5x slower beside the tree and the tree 1.2x that: every V > 0 costs 1.8 t(1 + V),
+    # and 1.75 / (1.8 * 0.12) = 8.1 tok/s loses to an autoregressive step's 10.
+    plan = _C.plan_step("trees", a, 4, curve, hit_rate=1.0, contention=1.5, tree_per_verify=1.2)
+    assert plan["lookaheads"] == [0] and plan["seconds"] == pytest.approx(0.10)
+    # A fixed 0.16 s tree (a budget not sized to the verify) is paid whatever V: every proposal, 1.9375 / 0.16.
+    plan = _C.plan_step("trees", a, 4, curve, hit_rate=1.0, tree=0.16)
+    assert plan["lookaheads"] == [4] and plan["seconds"] == pytest.approx(0.16)
+    # The same tree sized to its verify (tau 0.16 / 0.14) shrinks with V: V = 2 again.
+    plan = _C.plan_step("trees", a, 4, curve, hit_rate=1.0, tree=0.16, tree_per_verify=0.16 / 0.14)
+    assert plan["lookaheads"] == [2] and plan["seconds"] == pytest.approx(0.12 * 0.16 / 0.14)
+    # The slowdown applies to trees only: without them (misses) the forward is the measured one.
+    plan = _C.plan_step("misses", a, 4, curve, fallback=0.0, contention=1.5)
+    assert plan["lookaheads"] == [2] and plan["seconds"] == pytest.approx(0.12)
+
+
+def test_plan_values_deep_proposals_of_accepted_runs():
+    # Costs of the test above (a tree as long as its verify, always hit). A first proposal kept half the time but
+    # the later ones, after a kept one, 90% of the time: gains .5 .45 .405 .3645, so V = 1..4 give 1.5/.11,
+    # 1.95/.12, 2.355/.13, 2.7195/.14 tokens/s and every proposal pays (geometric at 0.5 stops at V = 2).
+    curve = [(1, 0.10), (5, 0.14)]
+    plan = _C.plan_step("trees", [0.5], 4, curve, hit_rate=1.0, tree_per_verify=1.0, continuation=[0.9])
+    assert plan["lookaheads"] == [4] and plan["tokens"] == pytest.approx(2.7195)
+    assert plan["threshold"] == 0  # every proposal taken
+    # Runs rarely continued (20%): one proposal, 1.5 / 0.11, beats 1.6 / 0.12.
+    plan = _C.plan_step("trees", [0.5], 4, curve, hit_rate=1.0, tree_per_verify=1.0, continuation=[0.2])
+    assert plan["lookaheads"] == [1] and plan["seconds"] == pytest.approx(0.11)
+    with pytest.raises(ValueError, match="continuation"):
+        _C.plan_step("trees", [0.5, 0.5], 4, curve, continuation=[0.9])
+    with pytest.raises(ValueError, match="continuation"):
+        _C.plan_step("trees", [0.5], 4, curve, continuation=[1.0])
 
 
 def test_plan_rejects_bad_input():
@@ -216,3 +254,32 @@ def test_config_checks():
     with pytest.raises(ValueError, match="forced_lookahead"):
         TestingConfig(forced_lookahead="12")
     assert TestingConfig(forced_lookahead=[1, 2]).forced_lookahead == (1, 2)
+
+
+# ---- the policy on the constructed SmolLM2 pair (slow: real forwards of about 0.1 s) ----
+
+@pytest.fixture(scope="module")
+def regime():
+    from ssd.assets import mtbench_prompts
+    from ssd.testing import regime_pair
+
+    return regime_pair(acceptance=0.75, cost_ratio=0.25), [[{"role": "user", "content": mtbench_prompts(1)[0]}]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay_ms", [0, 400])
+def test_measured_steps_price_waits_the_model_cannot_see(regime, delay_ms):
+    """At batch 1 on the constructed pair, trees pay (fixed ssd decodes about 1.5x ar's tokens per second), so the
+    policy builds them. When the draft side answers 400 ms late (a wait no part of the step model measures; a step
+    takes about 0.15 s) only the measured step times show it, and the policy must settle on autoregressive steps."""
+    pair, chat = regime
+    with LLM(str(pair.target), draft=str(pair.draft), mode="ssd", k=4, max_batch=1, max_model_len=1024,
+             target_threads=1, draft_threads=1, testing=TestingConfig(draft_answer_delay_ms=delay_ms)) as llm:
+        llm.chat(chat, SamplingParams(temperature=0, max_tokens=48, ignore_eos=True))
+        stats = llm.stats()
+    if delay_ms == 0:
+        assert stats["adaptive_tree_steps"] > 0.6 * stats["adaptive_steps"]
+        assert 0.5 < stats["policy_step_factor"] < 2
+    else:
+        assert stats["adaptive_ar_steps"] > 0.6 * stats["adaptive_steps"]
+        assert stats["policy_drafting"] == "none"

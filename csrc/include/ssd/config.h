@@ -173,6 +173,10 @@ struct TestingConfig {
   /// ssd: the draft KV holds only this many blocks beyond the sequences'
   /// own (0: room for a full tree of every sequence), so trees run out.
   int64_t tree_blocks = 0;
+  /// ssd: the draft worker waits this many milliseconds before answering
+  /// each batch of verification outcomes, as a slow link between the devices
+  /// would: a wait no part of the adaptive policy's step model measures.
+  int64_t draft_answer_delay_ms = 0;
 };
 
 }  // namespace ssd

@@ -80,16 +80,21 @@ struct SpeedMetrics {
 // verify. A step of the adaptive engine is planned in seconds instead, from
 // measured costs, for the batch at hand: sequence i verifies V_i of its K
 // proposals (0: an autoregressive step for it) and emits
-// E(a_i, V_i) = sum_{j=0..V_i} a_i^j tokens in expectation, a_i its
-// per-proposal acceptance estimate (the j-th proposal is verified and kept
-// with probability a_i^j). The step's time, R = sum_i (1 + V_i) rows:
+// E_i = 1 + sum_{j=1..V_i} g_i(j) tokens in expectation, where the gain
+// g_i(j) = f_i n_i^(j-1) is the chance that its j-th proposal is kept: f_i
+// that the first is, n_i that a proposal is kept after a kept one.
+// Acceptance comes in runs (an easy span is accepted whole), so n_i is
+// usually above f_i, and a geometric model (f = n) would undervalue the
+// deeper proposals. The step's time, R = sum_i (1 + V_i) rows:
 // - kNone (no drafting):          t(R)
 // - kSequential (sd):             t(R) + max_i V_i * d          (d: one draft forward)
-// - kTrees (ssd):                 max(t(R), T) + (1 - h^s) * F  (T: tree, F: fallback,
-//                                 h: hit rate, s: sequences speculating)
+// - kTrees (ssd):                 max(c t(R), T) + (1 - h^s) * F  (T: tree, F: fallback,
+//                                 h: hit rate, s: sequences speculating, c: the
+//                                 slowdown of a forward while the draft builds trees
+//                                 beside it; with a tree sized to the verify, T = tau c t(R))
 // - kMisses (ssd without trees):  t(R) + F when any sequence speculates
 // The best V for a drafting kind verifies exactly the proposals whose gain
-// a_i^j clears a threshold (gains fall with j, so a threshold picks a prefix
+// g_i(j) clears a threshold (gains fall with j, so a threshold picks a prefix
 // per sequence); plan_step() finds it by adding proposals in order of gain.
 
 /// Seconds of a forward as a function of its size (rows or sequences),
@@ -122,15 +127,25 @@ const char* drafting_name(Drafting d);
 struct StepCosts {
   const CostCurve* forward = nullptr;  ///< the target forward by rows (required)
   double draft_step = 0.0;  ///< sd: one draft forward of the batch
-  double tree = 0.0;        ///< ssd: one round's tree build
+  double tree = 0.0;        ///< ssd: one round's tree build (used when tree_per_verify is 0)
+  double tree_per_verify = 0.0;  ///< ssd: tau, a tree sized to its verify: T = tau * the contended forward
+  double contention = 1.0;  ///< ssd: c, a forward's slowdown while trees are built beside it
   double fallback = 0.0;    ///< ssd: one batch of misses re-drafted
   double hit_rate = 0.0;    ///< ssd: a sequence's outcome is in the cache
 };
 
+/// A sequence's acceptance estimates: its first proposal is kept with
+/// probability `first`, a proposal after a kept one with `next` (each in [0, 1)).
+struct Acceptance {
+  double first = 0.0;
+  double next = 0.0;
+};
+
 struct StepPlan {
   Drafting drafting = Drafting::kNone;
-  /// Proposal j of a sequence with acceptance a is verified iff a^j >= threshold
-  /// (> 1: none is).
+  /// Proposal j of a sequence is verified iff its gain first * next^(j-1) >= threshold
+  /// (> 1: none is; 0: every one). plan_step() puts it between the gains it
+  /// takes and those it leaves out.
   double threshold = 2.0;
   double tokens = 0.0;   ///< expected tokens of the batch
   double seconds = 0.0;  ///< expected step time
@@ -138,11 +153,15 @@ struct StepPlan {
 };
 
 /// The proposals verified under `threshold`: the largest V <= K with a^V >= threshold.
-int64_t lookahead_for(double acceptance, double threshold, int64_t K);
+int64_t lookahead_for(const Acceptance& acceptance, double threshold, int64_t K);
 /// The best plan of drafting kind `d` for sequences of these acceptance
-/// estimates (each in [0, 1)), at most K proposals each. Throws
+/// estimates, at most K proposals each; with `threshold`
+/// >= 0, the plan at that threshold instead (0: every proposal). Throws
 /// std::invalid_argument without a measured forward curve or on bad input.
-StepPlan plan_step(Drafting d, const std::vector<double>& acceptance, int64_t K, const StepCosts& costs);
+StepPlan plan_step(Drafting d, const std::vector<Acceptance>& acceptance, int64_t K, const StepCosts& costs,
+                   double threshold = -1.0);
+/// The modelled seconds of a step of kind `d` whose sequences verify these lookaheads.
+double step_seconds(Drafting d, const std::vector<int64_t>& lookaheads, const StepCosts& costs);
 
 /// Speed model of a whole run (engine-wide counters and times).
 SpeedMetrics speed_metrics(const EngineStats& stats);

@@ -247,13 +247,16 @@ struct PolicyGauges {
   std::string policy_drafting;        ///< "off" (fixed modes), "none", "sequential", "misses" or "trees"
   int64_t policy_batch = 0;           ///< sequences the last plan was made for
   double policy_threshold = 0.0;      ///< a proposal is verified when acceptance^depth >= this
-  double policy_acceptance = 0.0;     ///< mean per-proposal acceptance estimate of the batch
+  double policy_acceptance = 0.0;     ///< the batch's mean estimate that a round's first proposal is kept
+  double policy_continuation = 0.0;   ///< ... that a proposal after a kept one is kept
   double policy_hit_rate = 0.0;       ///< ssd: the cache hit-rate estimate
   double policy_verify_seconds = 0.0; ///< the predicted time of the planned step
   double policy_forward_seconds = 0.0;   ///< the target forward estimate at one row per sequence
   double policy_tree_seconds = 0.0;      ///< ssd: a round's tree estimate at this batch
   double policy_fallback_seconds = 0.0;  ///< ssd: a batch of misses' drafting estimate
   double policy_draft_seconds = 0.0;     ///< sd: one draft forward's estimate
+  double policy_contention = 1.0;        ///< ssd: a target forward's slowdown while the draft builds trees beside it
+  double policy_step_factor = 1.0;       ///< measured / modelled step seconds of the kind in force at this batch
   double policy_tok_s = 0.0;          ///< predicted tokens/s of the plan in force
   double policy_tok_s_ar = 0.0;       ///< ... of an autoregressive step
   double policy_tok_s_best = 0.0;     ///< ... of the best plan this step
@@ -264,12 +267,15 @@ struct PolicyGauges {
     f("policy_batch", &PolicyGauges::policy_batch);
     f("policy_threshold", &PolicyGauges::policy_threshold);
     f("policy_acceptance", &PolicyGauges::policy_acceptance);
+    f("policy_continuation", &PolicyGauges::policy_continuation);
     f("policy_hit_rate", &PolicyGauges::policy_hit_rate);
     f("policy_verify_seconds", &PolicyGauges::policy_verify_seconds);
     f("policy_forward_seconds", &PolicyGauges::policy_forward_seconds);
     f("policy_tree_seconds", &PolicyGauges::policy_tree_seconds);
     f("policy_fallback_seconds", &PolicyGauges::policy_fallback_seconds);
     f("policy_draft_seconds", &PolicyGauges::policy_draft_seconds);
+    f("policy_contention", &PolicyGauges::policy_contention);
+    f("policy_step_factor", &PolicyGauges::policy_step_factor);
     f("policy_tok_s", &PolicyGauges::policy_tok_s);
     f("policy_tok_s_ar", &PolicyGauges::policy_tok_s_ar);
     f("policy_tok_s_best", &PolicyGauges::policy_tok_s_best);

@@ -50,6 +50,10 @@ class TestingConfig:
     tree_blocks: in mode ssd the draft KV holds only this many blocks beyond
     the sequences' own (0: room for a full tree of every sequence), so
     speculation trees run out of blocks and stay partial.
+    draft_answer_delay_ms: in mode ssd the draft worker waits this many
+    milliseconds before answering each batch of verification outcomes, as a
+    slow link between the devices would: a wait that no part of the adaptive
+    policy's step model measures, only its measured step times show.
     """
 
     __test__ = False  # not a pytest test class despite its name
@@ -65,6 +69,7 @@ class TestingConfig:
     fault_peek_target: bool = False
     forced_lookahead: tuple[int, ...] = ()
     tree_blocks: int = 0
+    draft_answer_delay_ms: int = 0
 
     def __post_init__(self):
         forced = self.forced_lookahead
