@@ -152,7 +152,7 @@ struct StepPlan {
   double tokens_per_second() const { return seconds > 0 ? tokens / seconds : 0.0; }
 };
 
-/// The proposals verified under `threshold`: the largest V <= K with a^V >= threshold.
+/// The proposals verified under `threshold`: the largest V <= K whose gain first * next^(V-1) >= threshold.
 int64_t lookahead_for(const Acceptance& acceptance, double threshold, int64_t K);
 /// The best plan of drafting kind `d` for sequences of these acceptance
 /// estimates, at most K proposals each; with `threshold`
