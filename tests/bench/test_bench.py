@@ -46,6 +46,9 @@ def test_bench_writes_table_json_and_plots(pair, tmp_path):
     assert all(r["same_tokens_as_ar"] is True for r in runs if r["temperature"] == 0)
     ssd = [r for r in runs if r["mode"] == "ssd"]
     assert all(r["cache_hit_rate"] >= 0 and r["counters"]["cache_lookups"] > 0 for r in ssd)
+    # Adaptive by default: each speculative run records the policy's gauges as it ended.
+    assert all(r["policy"]["policy_drafting"] in ("none", "sequential", "trees", "misses") and
+               r["policy"]["policy_batch"] >= 1 for r in runs if r["mode"] != "ar")
     assert all(r["predicted_tok_per_s"] > 0 for r in runs if not r["same_total_hardware"])
     assert {r["target_threads"] for r in runs if r["same_total_hardware"]} == {2}
     for name in ("tokens_per_mode.png", "tokens_vs_batch.png", "hit_rate_vs_temperature.png",

@@ -167,6 +167,8 @@ def run_engine(target, draft, mode: str, prompts: list, cfg: BenchConfig, batch:
             "decode_tok_per_s": decode_tokens / decode_s if decode_s > 0 else 0.0,
             "e2e_tok_per_s": tokens / wall_s, "ttft_s": statistics.mean(ttft),
             "mean_context": statistics.mean(contexts), "counters": counters,
+            # The adaptive policy's gauges as the run ended (its estimates; see docs/metrics.md).
+            "policy": {key: value for key, value in after.items() if key.startswith("policy_")},
             "fanout": after.get("fanout"), "fanout_budget": after.get("fanout_budget"),
             "fanout_policy": (cfg.fanout if isinstance(cfg.fanout, str) else "list") if mode == "ssd" else None,
             "random_token_acceptance": after.get("random_token_acceptance", 0.0), "token_ids": token_ids,

@@ -58,15 +58,18 @@ def _version(module: str) -> str | None:
 
 def _git_commit() -> str | None:
     """The source tree's commit when ssd runs from a git checkout (None when installed)."""
-    here = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # .../python/ssd in a checkout
     try:
-        out = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=10, check=False)
+        out = subprocess.run(["git", "-C", str(package), "rev-parse", "--show-toplevel", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=10, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
-    if out.returncode != 0:
+    lines = out.stdout.split()
+    # An installed copy can sit inside some other repository (site-packages
+    # under a git-managed pyenv): only ssd's own checkout counts.
+    if out.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() / "python" / "ssd" != package:
         return None
-    return out.stdout.strip() or None
+    return lines[1]
 
 
 def machine() -> dict:
