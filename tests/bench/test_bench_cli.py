@@ -90,24 +90,25 @@ def test_git_commit_ignores_an_enclosing_repository(tmp_path):
     # git-managed pyenv) must not record that repository's commit.
     import ssd.bench.record as record
 
+    source = Path(record.__file__).read_text()
+
+    def git_commit_as(path: Path):
+        """record._git_commit() of a copy of record.py placed at `path`."""
+        path.parent.mkdir(parents=True)
+        path.write_text(source)
+        namespace = {"__file__": str(path), "__name__": "record_copy"}
+        exec(compile(source, str(path), "exec"), namespace)
+        return namespace["_git_commit"]()
+
     other = tmp_path / "other"
-    copy = other / "lib" / "site-packages" / "ssd" / "bench" / "record.py"
-    copy.parent.mkdir(parents=True)
-    copy.write_text(Path(record.__file__).read_text())
     git = ["git", "-C", str(other), "-c", "user.name=t", "-c", "user.email=t@t"]
+    other.mkdir()
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], check=True)
-    namespace = {"__file__": str(copy), "__name__": "record_copy"}
-    exec(compile(copy.read_text(), str(copy), "exec"), namespace)
-    assert namespace["_git_commit"]() is None
+    assert git_commit_as(other / "lib" / "site-packages" / "ssd" / "bench" / "record.py") is None
     # Laid out as ssd's own checkout (python/ssd/bench), the commit is read.
-    own = other / "python" / "ssd" / "bench" / "record.py"
-    own.parent.mkdir(parents=True)
-    own.write_text(copy.read_text())
-    namespace = {"__file__": str(own), "__name__": "record_own"}
-    exec(compile(own.read_text(), str(own), "exec"), namespace)
     head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-    assert namespace["_git_commit"]() == head.stdout.strip()
+    assert git_commit_as(other / "python" / "ssd" / "bench" / "record.py") == head.stdout.strip()
 
 
 # ---------------------------------------------------------------- the speed model's inputs
