@@ -9,8 +9,9 @@ namespace ssd::runtime {
 
 namespace {
 
-// Priors until measured: a proposal kept with even-ish odds, half the outcomes hit.
-constexpr double kPriorAcceptance = 0.6, kPriorHitRate = 0.5;
+// Priors until measured: a draft model's proposal kept with even-ish odds,
+// the n-gram fallback's less often, half the outcomes hit.
+constexpr double kPriorAcceptance = 0.6, kPriorFastAcceptance = 0.3, kPriorHitRate = 0.5;
 // Weight of the priors, in proposals (acceptance) or lookups (hit rate): a
 // few unlucky first rounds must not talk the policy out of speculating. A
 // sequence's own estimate is pulled towards the batch's with kSequenceWeight.
@@ -33,6 +34,9 @@ constexpr double kRatioDecay = 0.9, kRatioPriorWeight = 2.0, kRatioStride = 2.0;
 // The priors: no slowdown beside trees, a tree as long as its verify (the
 // auto budget's aim), steps as the model says.
 constexpr double kPriorContention = 1.0, kPriorTreePerVerify = 1.0, kPriorStepFactor = 1.0;
+
+// Share of a forward the draft may work beside it for the forward to count as uncontended.
+constexpr double kQuietDraft = 0.1;
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -64,6 +68,30 @@ Acceptance AdaptivePolicy::acceptance_of(const Sequence* seq) const {
   };
   return {estimate(seq->kept, seq->tried, kept_, tried_),
           estimate(seq->kept_next, seq->tried_next, kept_next_, tried_next_)};
+}
+
+Acceptance AdaptivePolicy::fast_acceptance() const {
+  auto estimate = [](double kept, double tried) {
+    return std::clamp((kept + kPriorWeight * kPriorFastAcceptance) / (tried + kPriorWeight), 0.0, kMaxAcceptance);
+  };
+  return {estimate(fast_.kept, fast_.tried), estimate(fast_.kept_next, fast_.tried_next)};
+}
+
+Acceptance AdaptivePolicy::acceptance_of(const Sequence* seq, Drafting kind) const {
+  const Acceptance model = acceptance_of(seq);
+  if (kind != Drafting::kTrees) return model;
+  // A tree's round is a hit (the draft model's proposals) or a miss; a miss
+  // the worker serves with the n-gram fallback brings its proposals. The
+  // mixture's first and second proposals keep their expected gains.
+  const double hit_rate = (hits_ + kPriorWeight * kPriorHitRate) / (lookups_ + kPriorWeight);
+  const double w = (1 - hit_rate) * (fast_misses_ + kPriorWeight * 0.5) / (misses_ + kPriorWeight);
+  const Acceptance fast = fast_acceptance();
+  Acceptance mixed;
+  mixed.first = (1 - w) * model.first + w * fast.first;
+  if (mixed.first > 0)
+    mixed.next = std::clamp(((1 - w) * model.first * model.next + w * fast.first * fast.next) / mixed.first, 0.0,
+                            kMaxAcceptance);
+  return mixed;
 }
 
 void AdaptivePolicy::learn_draft_costs(const DraftCounters& totals) {
@@ -110,17 +138,31 @@ StepCosts AdaptivePolicy::costs_at(int64_t batch, int64_t rows, Drafting kind) c
   return c;
 }
 
-double AdaptivePolicy::step_factor(Drafting kind, int64_t batch) const {
-  const double all = step_all_[index_of(kind)].value(kPriorStepFactor);
-  const auto& by_batch = step_by_batch_[index_of(kind)];
-  const auto it = by_batch.find(batch);
-  return it == by_batch.end() ? all : it->second.value(all);
+double AdaptivePolicy::step_prior(Drafting kind, int64_t batch) const {
+  double prior = step_all_[index_of(kind)].value(kPriorStepFactor);
+  // What autoregressive steps at this batch cost beyond the model (the
+  // engine's own work) a speculative step costs too: a kind not yet
+  // measured here is not priced below them.
+  const auto& none = step_by_batch_[index_of(Drafting::kNone)];
+  if (const auto n = none.find(batch); kind != Drafting::kNone && n != none.end())
+    prior = std::max(prior, n->second.value(step_all_[index_of(Drafting::kNone)].value(kPriorStepFactor)));
+  return prior;
 }
 
-void AdaptivePolicy::observe_forward(int64_t rows, double seconds) {
-  if (!overlapped_) {
+double AdaptivePolicy::step_factor(Drafting kind, int64_t batch) const {
+  const auto& by_batch = step_by_batch_[index_of(kind)];
+  const auto it = by_batch.find(batch);
+  return it == by_batch.end() ? step_prior(kind, batch) : it->second.value(step_prior(kind, batch));
+}
+
+void AdaptivePolicy::observe_forward(int64_t rows, double seconds, double draft_busy) {
+  // A forward the draft worked beside for more than a little (catching up,
+  // a tree of an earlier round) is slowed by it: it times no forward by
+  // rows, unless none near its rows was timed yet.
+  const bool quiet = draft_busy <= kQuietDraft * seconds || !forward_.measured_near(rows);
+  if (!overlapped_ && quiet) {
     forward_.observe(rows, seconds);
-  } else if (!forward_.empty()) {
+  } else if (overlapped_ && !forward_.empty()) {
     contention_.observe(seconds / forward_.seconds(rows), kPriorContention);
     last_overlapped_forward_ = seconds;
   }
@@ -131,9 +173,19 @@ void AdaptivePolicy::observe_step(double seconds, bool decode_only) {
   const Expected e = expected_;
   expected_ = {};
   if (!decode_only || !(e.seconds > 0) || !(seconds > 0)) return;
-  Ratio& all = step_all_[index_of(e.drafting)];
-  step_by_batch_[index_of(e.drafting)][e.batch].observe(seconds / e.seconds, all.value(kPriorStepFactor));
-  all.observe(seconds / e.seconds, kPriorStepFactor);
+  if (e.switching) {
+    // A switch's first steps: what they took beyond the model is its cost.
+    switch_excess_ += std::max(0.0, seconds - e.seconds * step_factor(e.drafting, e.batch));
+    if (e.switching == kSwitchSteps) {
+      const StepCosts costs = costs_at(e.batch, e.batch * (config_.k + 1), e.drafting);
+      switch_by_batch_[index_of(e.drafting)][e.batch].observe(switch_excess_,
+                                                              switch_seconds(e.drafting, e.batch, costs));
+    }
+    return;
+  }
+  const double prior = step_prior(e.drafting, e.batch);
+  step_by_batch_[index_of(e.drafting)][e.batch].observe(seconds / e.seconds, prior);
+  step_all_[index_of(e.drafting)].observe(seconds / e.seconds, kPriorStepFactor);
 }
 
 void AdaptivePolicy::expect_step(const std::vector<Sequence*>& decoding) {
@@ -150,21 +202,41 @@ void AdaptivePolicy::expect_step(const std::vector<Sequence*>& decoding) {
   Drafting ran = Drafting::kNone;
   if (speculating) ran = config_.mode == "sd" ? Drafting::kSequential : trees ? Drafting::kTrees : Drafting::kMisses;
   const auto b = static_cast<int64_t>(decoding.size());
+  // since_switch_ counts the plans since the kind in force changed, the one
+  // that planned these rounds included. A switch's first steps measure its
+  // cost, unless a probe or the policy's first plans (timing, warming) made it.
+  if (since_switch_ == 1) switch_excess_ = 0.0;
+  const int64_t switching = since_switch_ <= kSwitchSteps ? since_switch_ : 0;
   expected_ = {};
-  if (ran == last_ran_ && planned_ && !started_) {
+  if (planned_ && !started_ && (switching == 0 || (ran != Drafting::kNone && !probed_ && !explored_))) {
     int64_t rows = 0;
     for (int64_t v : lookaheads) rows += 1 + v;
-    expected_ = {ran, step_seconds(ran, lookaheads, costs_at(b, rows, ran)), b};
+    expected_ = {ran, step_seconds(ran, lookaheads, costs_at(b, rows, ran)), b, switching};
   }
-  last_ran_ = ran;
   started_ = false;
 }
 
-AdaptivePolicy::Options AdaptivePolicy::evaluate(const std::vector<Acceptance>& acceptance, int64_t b) const {
+double AdaptivePolicy::switch_seconds(Drafting kind, int64_t b, const StepCosts& costs) const {
+  // Until measured: the draft catches up and drafts once without a tree, and builds the first tree.
+  double prior = 0.0;
+  if (kind == Drafting::kSequential) prior = static_cast<double>(config_.k) * costs.draft_step;
+  if (kind == Drafting::kMisses) prior = costs.fallback;
+  if (kind == Drafting::kTrees) prior = costs.fallback + costs.tree;
+  const auto& by_batch = switch_by_batch_[index_of(kind)];
+  const auto it = by_batch.find(b);
+  return it == by_batch.end() ? prior : it->second.value(prior);
+}
+
+AdaptivePolicy::Options AdaptivePolicy::evaluate(const std::vector<Sequence*>& decoding, int64_t b) const {
   const int64_t K = config_.k;
+  auto acceptance = [&](Drafting kind) {
+    std::vector<Acceptance> a;
+    for (const Sequence* seq : decoding) a.push_back(acceptance_of(seq, kind));
+    return a;
+  };
   Options o;
   for (Drafting kind : kinds_) {
-    StepPlan p = plan_step(kind, acceptance, K, costs_at(b, b * (K + 1), kind));
+    StepPlan p = plan_step(kind, acceptance(kind), K, costs_at(b, b * (K + 1), kind));
     // A plan that verifies no proposal runs an autoregressive step, whatever its kind.
     p.seconds *= step_factor(p.threshold > 1 ? Drafting::kNone : kind, b);
     if (kind == Drafting::kNone) o.none = p;
@@ -173,7 +245,8 @@ AdaptivePolicy::Options AdaptivePolicy::evaluate(const std::vector<Acceptance>& 
     if (p.tokens_per_second() > o.best.tokens_per_second()) o.best = p;
   }
   if (config_.mode == "ssd") {
-    o.misses = plan_step(Drafting::kMisses, acceptance, K, costs_at(b, b * (K + 1), Drafting::kMisses), 0.0);
+    o.misses = plan_step(Drafting::kMisses, acceptance(Drafting::kMisses), K,
+                         costs_at(b, b * (K + 1), Drafting::kMisses), 0.0);
     o.misses.seconds *= step_factor(Drafting::kMisses, b);
   }
   return o;
@@ -188,6 +261,7 @@ StepPlan AdaptivePolicy::choose(const Options& o, int64_t b, const std::vector<A
   const bool calibrate = free_plan && !explore && config_.mode == "ssd" && !forward_.measured_near(full) &&
                          timing_rows_ != full;
   timing_rows_ = explore ? b : calibrate ? full : 0;
+  // Only the draft model's proposals count: they are what every speculative kind's estimates start from.
   const bool warming = tried_ + tried_next_ < kWarmupTrials && o.speculative.drafting != Drafting::kNone;
   StepPlan chosen = o.current;
   if (explore) {
@@ -199,7 +273,8 @@ StepPlan AdaptivePolicy::choose(const Options& o, int64_t b, const std::vector<A
     chosen.threshold = 0.0;  // every proposal: the fixed mode's rounds
   } else if (!planned_ || explored_ ||
              (o.best.drafting != kind_ && since_switch_ >= kDwellSteps &&
-              o.best.tokens_per_second() > o.current.tokens_per_second() * (1 + kHysteresis))) {
+              o.best.tokens_per_second() > o.current.tokens_per_second() * (1 + kHysteresis) &&
+              pays_back(o.best, o.current, b))) {
     chosen = o.best;
   }
   explored_ = explore || calibrate || warming;
@@ -211,10 +286,22 @@ StepPlan AdaptivePolicy::choose(const Options& o, int64_t b, const std::vector<A
                                        << " at batch " << b
                                        << (explore ? " (timing the forward)" : calibrate ? " (timing a verify)" : "")
                                        << ": predicted " << chosen.tokens_per_second() << " tok/s against "
-                                       << o.current.tokens_per_second() << " (acceptance "
+                                       << o.current.tokens_per_second() << " (step factor "
+                                       << step_factor(chosen.drafting, b) << " against "
+                                       << step_factor(kind_, b) << ", acceptance "
                                        << acceptance.front().first << " then " << acceptance.front().next << ")");
   }
   return chosen;
+}
+
+bool AdaptivePolicy::pays_back(const StepPlan& to, const StepPlan& from, int64_t b) const {
+  // The seconds `from` would take for the tokens `to` makes in a step, less
+  // `to`'s, over the horizon: more than the switch costs.
+  if (to.drafting == Drafting::kNone || to.threshold > 1) return true;
+  if (!(from.tokens_per_second() > 0)) return true;
+  const double saved = to.tokens / from.tokens_per_second() - to.seconds;
+  return saved * static_cast<double>(kSwitchHorizon) >
+         switch_seconds(to.drafting, b, costs_at(b, b * (config_.k + 1), to.drafting));
 }
 
 void AdaptivePolicy::plan(const std::vector<Sequence*>& decoding, const DraftCounters& draft_totals) {
@@ -232,12 +319,13 @@ void AdaptivePolicy::plan(const std::vector<Sequence*>& decoding, const DraftCou
   expect_step(decoding);
   std::vector<Acceptance> acceptance;
   for (const Sequence* seq : decoding) acceptance.push_back(acceptance_of(seq));
-  const Options o = evaluate(acceptance, b);
+  const Options o = evaluate(decoding, b);
   const StepPlan chosen = choose(o, b, acceptance);
   ++since_switch_;
   kind_ = chosen.drafting;
   in_force_ = chosen;
   probe_rounds_ = 0;
+  probed_ = false;
   // Without speculation nothing updates the acceptance estimates: now and
   // then one sequence speculates in full for a step (the kind in force stays).
   if (chosen.drafting == Drafting::kNone && timing_rows_ == 0 && o.speculative.drafting != Drafting::kNone &&
@@ -245,6 +333,7 @@ void AdaptivePolicy::plan(const std::vector<Sequence*>& decoding, const DraftCou
     in_force_ = o.speculative;
     in_force_.threshold = 0.0;
     probe_rounds_ = 1;
+    probed_ = true;
     since_speculation_ = 0;
     probe_every_ = std::min(2 * probe_every_, kProbeMax);
     counters_.adaptive_probe_steps += 1;
@@ -279,6 +368,11 @@ void AdaptivePolicy::update_gauges(const Options& o, const StepPlan& chosen,
   gauges_.policy_draft_seconds = costs.draft_step;
   gauges_.policy_contention = costs.contention;
   gauges_.policy_step_factor = step_factor(chosen.drafting, b);
+  gauges_.policy_switch_seconds =
+      o.speculative.drafting == Drafting::kNone
+          ? 0.0
+          : switch_seconds(o.speculative.drafting, b, costs_at(b, b * (config_.k + 1), o.speculative.drafting));
+  gauges_.policy_fast_acceptance = config_.mode == "ssd" ? fast_acceptance().first : 0.0;
   gauges_.policy_tok_s = chosen.tokens_per_second();
   gauges_.policy_tok_s_ar = o.none.tokens_per_second();
   gauges_.policy_tok_s_best = o.best.tokens_per_second();
@@ -306,7 +400,7 @@ void AdaptivePolicy::assign(Sequence* seq) {
   } else {
     // A probe (a speculative plan while none is in force) speculates for its first rounds only.
     const bool speculates = in_force_.drafting == kind_ || probe_rounds_ > 0;
-    seq->lookahead = speculates ? lookahead_for(acceptance_of(seq), in_force_.threshold, K) : 0;
+    seq->lookahead = speculates ? lookahead_for(acceptance_of(seq, in_force_.drafting), in_force_.threshold, K) : 0;
     if (in_force_.drafting != kind_ && probe_rounds_ > 0) --probe_rounds_;
     seq->trees = in_force_.drafting == Drafting::kTrees;
   }
@@ -331,16 +425,26 @@ void AdaptivePolicy::after_round(Sequence* seq, int64_t proposed, int64_t accept
       kept = decay * kept + k;
       tried = decay * tried + t;
     };
-    add(seq->kept, seq->tried, first, 1.0, kSequenceDecay);
-    add(seq->kept_next, seq->tried_next, kept_next, tried_next, kSequenceDecay);
-    add(kept_, tried_, first, 1.0, kGlobalDecay);
-    add(kept_next_, tried_next_, kept_next, tried_next, kGlobalDecay);
+    if (lookup == CacheLookup::kFastFallback) {
+      // The n-gram fallback's proposals: their own estimates, not the draft model's.
+      add(fast_.kept, fast_.tried, first, 1.0, kGlobalDecay);
+      add(fast_.kept_next, fast_.tried_next, kept_next, tried_next, kGlobalDecay);
+    } else {
+      add(seq->kept, seq->tried, first, 1.0, kSequenceDecay);
+      add(seq->kept_next, seq->tried_next, kept_next, tried_next, kSequenceDecay);
+      add(kept_, tried_, first, 1.0, kGlobalDecay);
+      add(kept_next_, tried_next_, kept_next, tried_next, kGlobalDecay);
+    }
   }
-  // Hit rates are learnt from rounds whose tree was asked for.
+  // Hit rates (and how misses were served) are learnt from rounds whose tree was asked for.
   if (seq->trees && (lookup == CacheLookup::kHit || lookup == CacheLookup::kNeuralFallback ||
                      lookup == CacheLookup::kFastFallback)) {
     hits_ = kHitDecay * hits_ + (lookup == CacheLookup::kHit ? 1.0 : 0.0);
     lookups_ = kHitDecay * lookups_ + 1.0;
+    if (lookup != CacheLookup::kHit) {
+      fast_misses_ = kHitDecay * fast_misses_ + (lookup == CacheLookup::kFastFallback ? 1.0 : 0.0);
+      misses_ = kHitDecay * misses_ + 1.0;
+    }
   }
   assign(seq);
 }

@@ -10,14 +10,23 @@
 // output law (and temperature-0 output) is that of any fixed lookahead.
 //
 // What it measures, and how the step model is kept honest:
-// - the target forward by rows, from forwards with no tree built beside
-//   them; a forward beside tree building is slower by a learnt factor
+// - the target forward by rows, from forwards the draft side did not work
+//   beside; a forward beside tree building is slower by a learnt factor
 //   (contention), and a tree takes a learnt share of the forward it runs
 //   beside (the auto fan-out budget sizes trees to the verify);
 // - each step's modelled seconds (for the lookaheads its rounds verify)
 //   against its measured seconds, per drafting kind and batch size: the
 //   ratio scales that kind's predictions (waits for the draft side, engine
-//   overhead and whatever else the model leaves out).
+//   overhead and whatever else the model leaves out); a kind not measured
+//   at a batch is priced at least as autoregressive steps are there;
+// - what a switch to a speculative kind costs: its first kSwitchSteps
+//   steps' seconds beyond the model (the draft catching up on the
+//   sequences it idled for). A switch must win that back within
+//   kSwitchHorizon steps;
+// - acceptance by source: the draft model's proposals per sequence, the
+//   n-gram fallback's over all sequences; a tree's round proposes the
+//   model's on a hit, and on a miss the fallback's as often as the worker
+//   served misses with it.
 //
 // Before it plans freely at a batch size: one autoregressive step times the
 // forward of one row per sequence, in ssd one step without trees times a
@@ -56,8 +65,9 @@ class AdaptivePolicy {
   /// draft_totals: the draft side's counters so far (their growth gives the
   /// draft costs).
   void plan(const std::vector<Sequence*>& decoding, const DraftCounters& draft_totals);
-  /// The step's target forward over `rows` rows took `seconds`.
-  void observe_forward(int64_t rows, double seconds);
+  /// The step's target forward over `rows` rows took `seconds`, while the
+  /// draft side worked for `draft_busy` of them.
+  void observe_forward(int64_t rows, double seconds, double draft_busy = 0.0);
   /// The step took `seconds` from schedule to postprocess; `decode_only`:
   /// every chunk was a decoding sequence's round (no prefill in it).
   void observe_step(double seconds, bool decode_only);
@@ -75,6 +85,11 @@ class AdaptivePolicy {
   static constexpr double kHysteresis = 0.05;
   /// Steps a drafting kind stays in force before another may replace it.
   static constexpr int64_t kDwellSteps = 8;
+  /// A switch to a speculative kind must win back what its first steps cost
+  /// (the draft catching up on the sequences it idled for) within this many steps.
+  static constexpr int64_t kSwitchHorizon = 16;
+  /// The first steps of a kind, after a switch: they pay for it and are not compared with the model.
+  static constexpr int64_t kSwitchSteps = 2;
 
  private:
   /// A ratio learnt from measurements: a decayed mean pulled towards a prior
@@ -93,17 +108,31 @@ class AdaptivePolicy {
     Drafting drafting = Drafting::kNone;
     double seconds = 0.0;  // modelled, before the step factor; 0: nothing to compare
     int64_t batch = 0;
+    int64_t switching = 0;  // 1..kSwitchSteps: a switch's first steps (their excess is its cost); 0: not
   };
 
+  /// The sequence's estimates for the draft model's proposals.
   Acceptance acceptance_of(const Sequence* seq) const;
+  /// The n-gram fallback's (over all sequences).
+  Acceptance fast_acceptance() const;
+  /// What a round of `kind` proposes: the draft model's, or in a tree's
+  /// round a hit's or a miss's (the n-gram fallback's, as often as it served misses).
+  Acceptance acceptance_of(const Sequence* seq, Drafting kind) const;
   void assign(Sequence* seq);
   void learn_draft_costs(const DraftCounters& totals);
   StepCosts costs_at(int64_t batch, int64_t rows, Drafting kind) const;
   /// Measured / modelled step seconds of `kind` at batch b (1 until measured).
   double step_factor(Drafting kind, int64_t batch) const;
+  /// What step_factor() is pulled towards: the kind's factor over every
+  /// batch, for a speculative kind at least autoregressive steps' factor at b.
+  double step_prior(Drafting kind, int64_t batch) const;
   void expect_step(const std::vector<Sequence*>& decoding);
-  Options evaluate(const std::vector<Acceptance>& acceptance, int64_t batch) const;
+  /// Seconds a switch to `kind` costs at batch b beyond its steps' model (measured, else a prior).
+  double switch_seconds(Drafting kind, int64_t batch, const StepCosts& costs) const;
+  Options evaluate(const std::vector<Sequence*>& decoding, int64_t batch) const;
   StepPlan choose(const Options& o, int64_t batch, const std::vector<Acceptance>& acceptance);
+  /// Switching from `from` to `to` wins back its cost within kSwitchHorizon steps.
+  bool pays_back(const StepPlan& to, const StepPlan& from, int64_t batch) const;
   void update_gauges(const Options& o, const StepPlan& chosen, const std::vector<Acceptance>& acceptance,
                      int64_t batch);
 
@@ -125,12 +154,19 @@ class AdaptivePolicy {
   Ratio step_all_[4];
   std::map<int64_t, Ratio> step_by_batch_[4];
   Expected expected_;                       // of the step under way
-  Drafting last_ran_ = Drafting::kNone;     // the kind of the last step's rounds
+  // Switch costs by drafting kind and batch; the excess of the switch under way so far.
+  std::map<int64_t, Ratio> switch_by_batch_[4];
+  double switch_excess_ = 0.0;
+  bool probed_ = false;                     // the last plan was a probe
   bool started_ = false;                    // a sequence's first round was assigned since the last plan
   int64_t timing_rows_ = 0;                 // a forward the last plan asked for, to time it
   int64_t last_batch_ = 0;
   double kept_ = 0.0, tried_ = 0.0, kept_next_ = 0.0, tried_next_ = 0.0;  // all sequences (decayed), as Sequence's
+  struct {
+    double kept = 0.0, tried = 0.0, kept_next = 0.0, tried_next = 0.0;
+  } fast_;  // the n-gram fallback's rounds (decayed), all sequences
   double hits_ = 0.0, lookups_ = 0.0;
+  double fast_misses_ = 0.0, misses_ = 0.0;  // misses served by the n-gram fallback / all misses (decayed)
   StepPlan in_force_;                // what this step's outcomes open (a probe's plan, for one step)
   int64_t probe_rounds_ = 0;         // rounds of a probe still to assign (a probe speculates for one sequence)
   Drafting kind_ = Drafting::kNone;  // the drafting kind in force

@@ -258,6 +258,7 @@ class Engine::Impl {
     for (size_t i = 0; i < plan.chunks.size(); ++i)
       for (int64_t t : proposals[i].tokens) extra[i].push_back(static_cast<int32_t>(t));
     const model::ForwardInput input = scheduler_->build_input(plan.chunks, extra);
+    const double draft_busy0 = speculator_ ? speculator_->draft_busy_seconds() : 0.0;
     const auto t0 = Clock::now();
     at::Tensor logits;
     try {
@@ -269,7 +270,8 @@ class Engine::Impl {
       return;
     }
     const double forward_s = seconds_since(t0);
-    policy_.observe_forward(static_cast<int64_t>(input.tokens.size()), forward_s);
+    policy_.observe_forward(static_cast<int64_t>(input.tokens.size()), forward_s,
+                            speculator_ ? speculator_->draft_busy_seconds() - draft_busy0 : 0.0);
     const int64_t emitted = postprocess(plan.chunks, proposals, logits, forward_s, responses);
     if (speculator_) speculator_->flush();
     policy_.observe_step(seconds_since(t_step), decoding.size() == plan.chunks.size());

@@ -118,12 +118,18 @@ void FanoutPlanner::observe_tree_step(int64_t rows, double seconds) {
   sxx_ = sxx_ * kForget + x * x; sxy_ = sxy_ * kForget + x * seconds;
 }
 
-void FanoutPlanner::observe_round(double fork_seconds, double tree_seconds, double verify_seconds) {
+void FanoutPlanner::observe_round(double fork_seconds, double tree_seconds, double verify_seconds,
+                                  int64_t sequences) {
   auto ema = [this](double& v, double x) { v = timed_ ? 0.8 * v + 0.2 * x : x; };
   ema(fork_s_, fork_seconds);
   ema(tree_s_, tree_seconds);
   ema(verify_s_, verify_seconds);
   timed_ = true;
+  const double rows = static_cast<double>(budget_ * std::max<int64_t>(sequences, 1));
+  if (fork_seconds + tree_seconds > verify_seconds && tree_seconds > 0)
+    tree_rows_ = rows * std::clamp((0.95 * verify_seconds - fork_seconds) / tree_seconds, 0.0, 1.0);
+  else
+    tree_rows_ = rows + static_cast<double>(std::max<int64_t>(sequences, 1));
 }
 
 double FanoutPlanner::step_seconds(double rows) const {
@@ -138,16 +144,17 @@ double FanoutPlanner::step_seconds(double rows) const {
 std::vector<int64_t> FanoutPlanner::plan(int64_t num_seqs) {
   if (!fixed_.empty()) return fixed_;
   if (auto_budget_ && timed_ && verify_s_ > 0) {
+    const double seqs = static_cast<double>(std::max<int64_t>(num_seqs, 1));
     const double var = s1_ * sxx_ - sx_ * sx_;
     const double beta = var > 1e-9 ? (s1_ * sxy_ - sx_ * sy_) / var : 0.0;
-    const double alpha = (sy_ - beta * sx_) / std::max(s1_, 1e-9);
-    if (beta > 0 && alpha >= 0) {
-      // fork + K (alpha + beta rows) <= verify, with a little slack.
+    if (beta > 0) {
+      // fork + K (alpha + beta rows) <= verify, with a little slack; a fit
+      // through negative seconds at no rows is taken as none there (fewer rows).
+      const double alpha = std::max((sy_ - beta * sx_) / std::max(s1_, 1e-9), 0.0);
       const double rows = ((0.95 * verify_s_ - fork_s_) / static_cast<double>(k_) - alpha) / beta;
-      budget_ = static_cast<int64_t>(std::floor(rows / static_cast<double>(std::max<int64_t>(num_seqs, 1))));
+      budget_ = static_cast<int64_t>(std::floor(rows / seqs));
     } else {
-      // Not enough spread in the measurements yet: step towards the limit.
-      budget_ += tree_s_ + fork_s_ < verify_s_ ? 1 : -1;
+      budget_ = static_cast<int64_t>(std::floor(tree_rows_ / seqs));
     }
     budget_ = std::clamp<int64_t>(budget_, 1, max_budget_);
   }

@@ -58,9 +58,12 @@ class FanoutPlanner {
   /// Records one tree step over `rows` branches that took `seconds`, and the
   /// per-round fork-point forward time.
   void observe_tree_step(int64_t rows, double seconds);
-  void observe_round(double fork_seconds, double tree_seconds, double verify_seconds);
+  /// Records a tree of `sequences` sequences, built at the current budget,
+  /// and the verify forward it was sized to.
+  void observe_round(double fork_seconds, double tree_seconds, double verify_seconds, int64_t sequences = 1);
 
-  /// Fan-out for the next tree of `num_seqs` sequences.
+  /// Fan-out for the next tree of `num_seqs` sequences. The auto budget is
+  /// per sequence: a tree of more sequences gets fewer branches each.
   std::vector<int64_t> plan(int64_t num_seqs);
   int64_t budget() const { return budget_; }
   double acceptance() const;
@@ -84,6 +87,11 @@ class FanoutPlanner {
   double s1_ = 0, sx_ = 0, sy_ = 0, sxx_ = 0, sxy_ = 0;
   double fork_s_ = 0, verify_s_ = 0, tree_s_ = 0;
   bool timed_ = false;
+  // Until the step time's fit has spread: the branches of a whole tree
+  // (all its sequences) the next one aims at, moved only by a new
+  // measurement: down in proportion when the last tree overran its verify,
+  // one branch per sequence up when it did not.
+  double tree_rows_ = 0;
 };
 
 }  // namespace ssd::runtime

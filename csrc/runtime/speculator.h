@@ -59,6 +59,8 @@ class Speculator {
   virtual void flush() {}
   /// Seconds the last propose() waited for drafts the target could not run without.
   virtual double wait_seconds() const { return 0.0; }
+  /// Seconds a draft side running beside the target has been busy so far (0: none runs beside it).
+  virtual double draft_busy_seconds() const { return 0.0; }
   /// The draft side's counters and plan.
   virtual void stats(EngineStats& /*s*/) const {}
   /// From another thread (the engine's shutdown): a propose() waiting on the

@@ -127,6 +127,11 @@ bool SsdDraftWorker::interrupted() const {
   return interrupted_;
 }
 
+double SsdDraftWorker::busy_seconds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return busy_seconds_ + (busy_ ? since(busy_since_) : 0.0);
+}
+
 bool SsdDraftWorker::settled(std::string& why) const {
   std::lock_guard<std::mutex> lock(mu_);
   why = ended_;
@@ -150,6 +155,7 @@ void SsdDraftWorker::loop() {
       messages.assign(std::make_move_iterator(inbox_.begin()), std::make_move_iterator(inbox_.end()));
       inbox_.clear();
       busy_ = true;
+      busy_since_ = Clock::now();
     }
     if (testing_.fault_worker_dies &&
         std::any_of(messages.begin(), messages.end(),
@@ -164,6 +170,7 @@ void SsdDraftWorker::loop() {
     }
     std::lock_guard<std::mutex> lock(mu_);
     busy_ = false;
+    busy_seconds_ += since(busy_since_);
   }
   sequences_.clear();
   std::lock_guard<std::mutex> lock(mu_);

@@ -50,6 +50,8 @@ class SsdDraftWorker {
   /// From any thread: collect() stops waiting, now and from now on.
   void interrupt();
   bool interrupted() const;
+  /// Seconds spent handling batches so far, the one under way included.
+  double busy_seconds() const;
   /// True when nothing more will arrive without a new message: every message
   /// posted was handled and its answers collected, or the thread has ended.
   /// `why` says which (empty while running).
@@ -102,6 +104,8 @@ class SsdDraftWorker {
   bool stopping_ = false;
   bool interrupted_ = false;
   bool busy_ = false;       // handling a batch
+  std::chrono::steady_clock::time_point busy_since_;  // when the batch under way began
+  double busy_seconds_ = 0.0;                         // batches handled before it
   std::string ended_;       // why the thread ended (empty while it runs)
   std::thread thread_;
 };

@@ -31,6 +31,7 @@ class SsdSpeculator final : public Speculator {
   void release(Sequence* seq, bool finished) override;
   void flush() override;
   double wait_seconds() const override { return wait_seconds_; }
+  double draft_busy_seconds() const override { return worker_ ? worker_->busy_seconds() : 0.0; }
   void stats(EngineStats& s) const override;
   void interrupt() override;
   void stop() override;

@@ -82,7 +82,7 @@ TreeReport TreeBuilder::build(const std::vector<DraftSequence*>& seqs, const std
   decode_branches(seqs, fanout, report);
   report.seconds = since(t0);
   planner_.observe_round(report.fork_seconds, report.branch_seconds,
-                         verify_seconds > 0 ? verify_seconds : report.seconds);
+                         verify_seconds > 0 ? verify_seconds : report.seconds, report.sequences);
   if (report.branches < report.planned)
     SSD_LOG_INFO("ssd tree: out of draft KV blocks, " << report.branches << " of " << report.planned
                                                       << " planned branches allocated (" << report.sequences
