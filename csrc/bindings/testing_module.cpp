@@ -42,6 +42,14 @@ void bind_runtime_pieces(py::module_& m) {
       },
       py::arg("proposed"), py::arg("candidates"), py::arg("budget"), py::arg("acceptance"),
       "The budget's (fork point, candidate index) pairs most likely to be the outcome, best first.");
+  py::class_<runtime::FanoutPlanner>(m, "FanoutPlanner", "The ssd draft worker's fan-out planner (runtime/fanout.h).")
+      .def(py::init<int64_t, std::vector<int64_t>, int64_t, int64_t>(), py::arg("k"), py::arg("fixed"),
+           py::arg("budget"), py::arg("max_budget"))
+      .def("observe_tree_step", &runtime::FanoutPlanner::observe_tree_step, py::arg("rows"), py::arg("seconds"))
+      .def("observe_round", &runtime::FanoutPlanner::observe_round, py::arg("fork_seconds"),
+           py::arg("tree_seconds"), py::arg("verify_seconds"), py::arg("sequences") = 1)
+      .def("plan", &runtime::FanoutPlanner::plan, py::arg("num_seqs"))
+      .def_property_readonly("budget", &runtime::FanoutPlanner::budget);
   m.def(
       "calibrated_acceptance",
       [](const std::vector<std::pair<double, bool>>& observed, const std::vector<double>& query) {
@@ -366,7 +374,10 @@ void bind_backend_steps(py::module_& m) {
 
 }  // namespace
 
+void bind_testing_policy(py::module_& m);  // testing_policy.cpp
+
 void bind_testing(py::module_ m) {
+  bind_testing_policy(m);
   bind_backend_steps(m);
   bind_runtime_pieces(m);
   bind_kernel_pieces(m);

@@ -241,6 +241,9 @@ AdaptivePolicy::Options AdaptivePolicy::evaluate(const std::vector<Sequence*>& d
     p.seconds *= step_factor(p.threshold > 1 ? Drafting::kNone : kind, b);
     if (kind == Drafting::kNone) o.none = p;
     else if (p.tokens_per_second() > o.speculative.tokens_per_second()) o.speculative = p;
+    // ... and is one: in force, it is the autoregressive kind (whose probes
+    // keep the acceptance estimates alive while nothing is verified).
+    if (p.threshold > 1) p.drafting = Drafting::kNone;
     if (kind == kind_) o.current = p;
     if (p.tokens_per_second() > o.best.tokens_per_second()) o.best = p;
   }

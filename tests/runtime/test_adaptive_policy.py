@@ -1,0 +1,185 @@
+"""The adaptive policy's estimates, driven by hand (ssd._C.testing.PolicyHarness), and the auto fan-out budget.
+
+The harness plays the engine around the policy without models: each step it
+plans, reports a forward over the rows the verified rounds have (a forward
+that costs `base + per_row * (rows - batch)` seconds), each round's outcome
+(how many proposals were kept, and whether the tree hit or a fallback drafted
+the round) and the step's seconds. So each test sets exactly the timings and
+outcomes the behaviour under test depends on:
+- the n-gram fallback's proposals get their own acceptance estimate: rounds
+  it drafted do not lower the draft model's;
+- a forward the draft worker was busy beside does not time the forward curve;
+- once the plan verifies nothing, the policy is in autoregressive steps and
+  probes now and then (before: a trees kind verifying nothing never probed);
+- a switch's first steps' excess over the model is the switch's cost.
+The auto fan-out budget (ssd._C.testing.FanoutPlanner) moves only with a new
+tree's measurement, is per sequence, shrinks in proportion to an overrun,
+and reads a step-time fit through negative seconds at no rows as zero there.
+Each test here fails against the code before these rules (checked by hand
+with the old rules restored).
+"""
+import pytest
+
+from ssd import _C
+
+K = 4
+
+
+def forward_seconds(rows, batch, per_row=0.002, base=0.1):
+    return base + per_row * (rows - batch)
+
+
+class Engine:
+    """The engine's calls around the policy, at a fixed batch of `batch` sequences."""
+
+    def __init__(self, batch, mode="ssd"):
+        self.policy = _C.testing.PolicyHarness(mode, K, batch)
+        self.batch = batch
+        self.policy.observe_forward(batch, forward_seconds(batch, batch))  # the prefill's last chunk
+        for i in range(batch):
+            self.policy.start(i)
+
+    def step(self, kept, lookup_of_tree="hit", extra=None):
+        """One step. kept(lookahead, lookup): proposals kept; extra(lookaheads, trees): seconds the step waits more."""
+        p, b = self.policy, self.batch
+        p.plan()
+        lookaheads, trees = p.lookaheads(), p.trees()  # what this step verifies (planned a step ago)
+        rows = sum(1 + v for v in lookaheads)
+        seconds = forward_seconds(rows, b)
+        p.observe_forward(rows, seconds)
+        for i, (v, tree) in enumerate(zip(lookaheads, trees)):
+            lookup = "none" if v == 0 else (lookup_of_tree if tree else "neural")
+            p.after_round(i, v, kept(v, lookup), lookup)
+        p.observe_step(seconds + (extra(lookaheads, trees) if extra else 0.0))
+        return lookaheads
+
+    def run(self, steps, kept, **kw):
+        for _ in range(steps):
+            self.step(kept, **kw)
+        return self.policy.stats()
+
+
+def every(v, lookup):
+    return v
+
+
+def none_kept(v, lookup):
+    return 0
+
+
+def test_fallback_proposals_do_not_lower_the_draft_models_estimate():
+    p = _C.testing.PolicyHarness("ssd", K, 1)
+    p.observe_forward(1, 0.1)
+    p.start(0)
+    # Rounds alternate: a hit whose four proposals (the draft model's) are all kept, a miss the
+    # n-gram fallback drafted of which none is.
+    for r in range(60):
+        hit = r % 2 == 0
+        p.after_round(0, K, K if hit else 0, "hit" if hit else "fast")
+    p.plan()
+    s = p.stats()
+    # One estimate over both (the old one) would sit near 0.5.
+    assert s["policy_acceptance"] > 0.85 and s["policy_continuation"] > 0.85
+    # 30 fallback rounds, none kept, against the prior 0.3 worth 8: under 0.1.
+    assert s["policy_fast_acceptance"] < 0.1
+
+
+def test_forwards_the_draft_worked_beside_do_not_time_the_forward():
+    p = _C.testing.PolicyHarness("ssd", K, 4)
+    p.observe_forward(4, 0.10)
+    for _ in range(20):  # the draft busy for the whole forward (catching up): 3x slower
+        p.observe_forward(4, 0.30, draft_busy=0.30)
+    p.plan()
+    assert p.stats()["policy_forward_seconds"] == pytest.approx(0.10)
+    for _ in range(20):  # the draft busy for under a tenth of it: these time the forward
+        p.observe_forward(4, 0.30, draft_busy=0.02)
+    p.plan()
+    assert p.stats()["policy_forward_seconds"] > 0.25
+
+
+def test_probes_go_on_when_the_plan_verifies_nothing():
+    engine = Engine(4)
+    s = engine.run(100, every)  # every proposal kept, rows cheap: trees pay
+    assert s["policy_drafting"] == "trees" and s["adaptive_tree_steps"] > 80
+    probes = s["adaptive_probe_steps"]
+    s = engine.run(400, none_kept)  # nothing kept any more: the plan shrinks to no proposal
+    assert s["policy_drafting"] == "none"
+    # Autoregressive steps probe after 64, then 128 more (then 256): the estimates stay alive.
+    assert s["adaptive_probe_steps"] - probes >= 2
+
+
+def switch_cost(stall):
+    """Trees pay while they hit; then every miss is drafted by the n-gram fallback, whose proposals are never
+    kept while the draft model's all still are: drafting without trees (misses) wins, and the policy switches.
+    The switch's first two steps wait `stall` seconds more. Returns the switch cost the policy then reports."""
+    engine = Engine(4)
+    s = engine.run(100, every)
+    assert s["policy_drafting"] == "trees"
+    switches = s["adaptive_switches"]
+    ran = []  # per step: it verified rounds drafted without trees
+
+    def stalled(lookaheads, trees):
+        ran.append(any(v > 0 and not t for v, t in zip(lookaheads, trees)))
+        first = ran[-1] and (len(ran) < 3 or not all(ran[-3:-1]))  # one of the first two such steps
+        return stall if first else 0.0
+
+    s = engine.run(200, lambda v, lookup: 0 if lookup == "fast" else v, lookup_of_tree="fast", extra=stalled)
+    assert s["policy_drafting"] == "misses" and s["adaptive_switches"] > switches
+    assert sum(ran) > 100
+    return s["policy_switch_seconds"]
+
+
+def test_a_switchs_stalled_first_steps_raise_its_cost():
+    cheap, stalled = switch_cost(0.0), switch_cost(2.0)
+    assert stalled > 1.2 * cheap
+
+
+# ---- the auto fan-out budget (branches per sequence, sized to the verify) ----
+
+def planner():
+    return _C.testing.FanoutPlanner(4, [], 0, 64)  # budget 0: auto, from k + 1 = 5
+
+
+def test_budget_moves_only_with_a_new_tree():
+    p = planner()
+    p.observe_round(0.0, 0.05, 0.10, sequences=1)  # a tree of 1 sequence at budget 5, half its verify
+    p.plan(1)
+    assert p.budget == 6  # one branch more
+    for _ in range(10):  # draft batches without a tree (no sequence speculates): nothing measured
+        p.plan(1)
+    assert p.budget == 6
+
+
+def test_budget_is_per_sequence():
+    p = planner()
+    for _ in range(11):  # trees of 1 sequence under their verify: 5 -> 16 branches
+        p.observe_round(0.0, 0.05, 0.10, sequences=1)
+        p.plan(1)
+    assert p.budget == 16
+    # The next tree is for 16 sequences: the 16 branches the last tree of one had, over 16.
+    p.plan(16)
+    assert p.budget == 1
+
+
+def test_budget_shrinks_in_proportion_when_a_tree_overruns():
+    p = planner()
+    p.plan(16)
+    for _ in range(11):  # trees of 16 sequences under their verify: one branch more each, 5 -> 16
+        p.observe_round(0.0, 0.05, 0.10, sequences=16)
+        p.plan(16)
+    assert p.budget == 16
+    # 256 branches took 7x the verify: 256 * 0.95 / 7 = 34.7 branches next, 2 per sequence (not 15).
+    p.observe_round(0.0, 0.70, 0.10, sequences=16)
+    p.plan(16)
+    assert p.budget == 2
+
+
+def test_budget_from_a_fit_through_negative_seconds():
+    # Tree steps of 10 rows took 0.05 s and of 20 rows 0.15 s: 0.01 s a row, -0.05 s at none (taken as 0).
+    p = planner()
+    for rows, seconds in [(10, 0.05), (20, 0.15)] * 3:
+        p.observe_tree_step(rows, seconds)
+    p.observe_round(0.01, 0.2, 1.0, sequences=2)
+    p.plan(2)
+    rows = ((0.95 * 1.0 - 0.01) / 4 - 0.0) / 0.01  # fork + k (alpha + beta rows) <= 0.95 verify
+    assert p.budget == int(rows // 2)
