@@ -51,7 +51,8 @@ class PolicyHarness {
   void plan(const py::dict& draft_totals) {
     DraftCounters totals;
     DraftCounters::fields([&](const char* name, auto member) {
-      if (draft_totals.contains(name)) totals.*member = draft_totals[name].cast<std::remove_reference_t<decltype(totals.*member)>>();
+      using Field = std::remove_reference_t<decltype(totals.*member)>;
+      if (draft_totals.contains(name)) totals.*member = draft_totals[name].cast<Field>();
     });
     std::vector<runtime::Sequence*> decoding;
     for (auto& s : seqs_) decoding.push_back(&s);

@@ -70,6 +70,10 @@ Acceptance AdaptivePolicy::acceptance_of(const Sequence* seq) const {
           estimate(seq->kept_next, seq->tried_next, kept_next_, tried_next_)};
 }
 
+double AdaptivePolicy::hit_rate() const {
+  return (hits_ + kPriorWeight * kPriorHitRate) / (lookups_ + kPriorWeight);
+}
+
 Acceptance AdaptivePolicy::fast_acceptance() const {
   auto estimate = [](double kept, double tried) {
     return std::clamp((kept + kPriorWeight * kPriorFastAcceptance) / (tried + kPriorWeight), 0.0, kMaxAcceptance);
@@ -83,8 +87,7 @@ Acceptance AdaptivePolicy::acceptance_of(const Sequence* seq, Drafting kind) con
   // A tree's round is a hit (the draft model's proposals) or a miss; a miss
   // the worker serves with the n-gram fallback brings its proposals. The
   // mixture's first and second proposals keep their expected gains.
-  const double hit_rate = (hits_ + kPriorWeight * kPriorHitRate) / (lookups_ + kPriorWeight);
-  const double w = (1 - hit_rate) * (fast_misses_ + kPriorWeight * 0.5) / (misses_ + kPriorWeight);
+  const double w = (1 - hit_rate()) * (fast_misses_ + kPriorWeight * 0.5) / (misses_ + kPriorWeight);
   const Acceptance fast = fast_acceptance();
   Acceptance mixed;
   mixed.first = (1 - w) * model.first + w * fast.first;
@@ -134,7 +137,7 @@ StepCosts AdaptivePolicy::costs_at(int64_t batch, int64_t rows, Drafting kind) c
   // Without trees every round drafts with the draft model (ssd_draft_worker).
   const CostCurve& fallback = kind == Drafting::kMisses ? neural_fallback_ : fallback_;
   c.fallback = fallback.empty() ? step : fallback.seconds(batch);
-  c.hit_rate = (hits_ + kPriorWeight * kPriorHitRate) / (lookups_ + kPriorWeight);
+  c.hit_rate = hit_rate();
   return c;
 }
 
@@ -177,9 +180,7 @@ void AdaptivePolicy::observe_step(double seconds, bool decode_only) {
     // A switch's first steps: what they took beyond the model is its cost.
     switch_excess_ += std::max(0.0, seconds - e.seconds * step_factor(e.drafting, e.batch));
     if (e.switching == kSwitchSteps) {
-      const StepCosts costs = costs_at(e.batch, e.batch * (config_.k + 1), e.drafting);
-      switch_by_batch_[index_of(e.drafting)][e.batch].observe(switch_excess_,
-                                                              switch_seconds(e.drafting, e.batch, costs));
+      switch_by_batch_[index_of(e.drafting)][e.batch].observe(switch_excess_, switch_seconds(e.drafting, e.batch));
     }
     return;
   }
@@ -216,8 +217,9 @@ void AdaptivePolicy::expect_step(const std::vector<Sequence*>& decoding) {
   started_ = false;
 }
 
-double AdaptivePolicy::switch_seconds(Drafting kind, int64_t b, const StepCosts& costs) const {
+double AdaptivePolicy::switch_seconds(Drafting kind, int64_t b) const {
   // Until measured: the draft catches up and drafts once without a tree, and builds the first tree.
+  const StepCosts costs = costs_at(b, b * (config_.k + 1), kind);
   double prior = 0.0;
   if (kind == Drafting::kSequential) prior = static_cast<double>(config_.k) * costs.draft_step;
   if (kind == Drafting::kMisses) prior = costs.fallback;
@@ -303,8 +305,7 @@ bool AdaptivePolicy::pays_back(const StepPlan& to, const StepPlan& from, int64_t
   if (to.drafting == Drafting::kNone || to.threshold > 1) return true;
   if (!(from.tokens_per_second() > 0)) return true;
   const double saved = to.tokens / from.tokens_per_second() - to.seconds;
-  return saved * static_cast<double>(kSwitchHorizon) >
-         switch_seconds(to.drafting, b, costs_at(b, b * (config_.k + 1), to.drafting));
+  return saved * static_cast<double>(kSwitchHorizon) > switch_seconds(to.drafting, b);
 }
 
 void AdaptivePolicy::plan(const std::vector<Sequence*>& decoding, const DraftCounters& draft_totals) {
@@ -372,9 +373,7 @@ void AdaptivePolicy::update_gauges(const Options& o, const StepPlan& chosen,
   gauges_.policy_contention = costs.contention;
   gauges_.policy_step_factor = step_factor(chosen.drafting, b);
   gauges_.policy_switch_seconds =
-      o.speculative.drafting == Drafting::kNone
-          ? 0.0
-          : switch_seconds(o.speculative.drafting, b, costs_at(b, b * (config_.k + 1), o.speculative.drafting));
+      o.speculative.drafting == Drafting::kNone ? 0.0 : switch_seconds(o.speculative.drafting, b);
   gauges_.policy_fast_acceptance = config_.mode == "ssd" ? fast_acceptance().first : 0.0;
   gauges_.policy_tok_s = chosen.tokens_per_second();
   gauges_.policy_tok_s_ar = o.none.tokens_per_second();

@@ -113,6 +113,8 @@ class AdaptivePolicy {
 
   /// The sequence's estimates for the draft model's proposals.
   Acceptance acceptance_of(const Sequence* seq) const;
+  /// The cache hit-rate estimate (decayed, with its prior).
+  double hit_rate() const;
   /// The n-gram fallback's (over all sequences).
   Acceptance fast_acceptance() const;
   /// What a round of `kind` proposes: the draft model's, or in a tree's
@@ -128,7 +130,7 @@ class AdaptivePolicy {
   double step_prior(Drafting kind, int64_t batch) const;
   void expect_step(const std::vector<Sequence*>& decoding);
   /// Seconds a switch to `kind` costs at batch b beyond its steps' model (measured, else a prior).
-  double switch_seconds(Drafting kind, int64_t batch, const StepCosts& costs) const;
+  double switch_seconds(Drafting kind, int64_t batch) const;
   Options evaluate(const std::vector<Sequence*>& decoding, int64_t batch) const;
   StepPlan choose(const Options& o, int64_t batch, const std::vector<Acceptance>& acceptance);
   /// Switching from `from` to `to` wins back its cost within kSwitchHorizon steps.
