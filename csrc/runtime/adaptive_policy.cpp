@@ -173,20 +173,24 @@ void AdaptivePolicy::observe_forward(int64_t rows, double seconds, double draft_
 }
 
 void AdaptivePolicy::observe_step(double seconds, bool decode_only) {
-  const Expected e = expected_;
+  const Expected e = std::move(expected_);
   expected_ = {};
-  if (!decode_only || !(e.seconds > 0) || !(seconds > 0)) return;
+  if (!decode_only || e.lookaheads.empty() || !(seconds > 0)) return;
+  int64_t rows = 0;
+  for (int64_t v : e.lookaheads) rows += 1 + v;
+  const double modelled = step_seconds(e.drafting, e.lookaheads, costs_at(e.batch, rows, e.drafting));
+  if (!(modelled > 0)) return;
   if (e.switching) {
     // A switch's first steps: what they took beyond the model is its cost.
-    switch_excess_ += std::max(0.0, seconds - e.seconds * step_factor(e.drafting, e.batch));
+    switch_excess_ += std::max(0.0, seconds - modelled * step_factor(e.drafting, e.batch));
     if (e.switching == kSwitchSteps) {
       switch_by_batch_[index_of(e.drafting)][e.batch].observe(switch_excess_, switch_seconds(e.drafting, e.batch));
     }
     return;
   }
   const double prior = step_prior(e.drafting, e.batch);
-  step_by_batch_[index_of(e.drafting)][e.batch].observe(seconds / e.seconds, prior);
-  step_all_[index_of(e.drafting)].observe(seconds / e.seconds, kPriorStepFactor);
+  step_by_batch_[index_of(e.drafting)][e.batch].observe(seconds / modelled, prior);
+  step_all_[index_of(e.drafting)].observe(seconds / modelled, kPriorStepFactor);
 }
 
 void AdaptivePolicy::expect_step(const std::vector<Sequence*>& decoding) {
@@ -206,14 +210,15 @@ void AdaptivePolicy::expect_step(const std::vector<Sequence*>& decoding) {
   // since_switch_ counts the plans since the kind in force changed, the one
   // that planned these rounds included. A switch's first steps measure its
   // cost, unless a probe or the policy's first plans (timing, warming) made it.
+  // Autoregressive steps have no switch cost (the draft idles): they are
+  // compared from the first, so that the forward's timing step also measures
+  // what an autoregressive step costs beyond the model at this batch (the
+  // engine's own work, which every kind pays).
   if (since_switch_ == 1) switch_excess_ = 0.0;
-  const int64_t switching = since_switch_ <= kSwitchSteps ? since_switch_ : 0;
+  const int64_t switching = since_switch_ <= kSwitchSteps && ran != Drafting::kNone ? since_switch_ : 0;
   expected_ = {};
-  if (planned_ && !started_ && (switching == 0 || (ran != Drafting::kNone && !probed_ && !explored_))) {
-    int64_t rows = 0;
-    for (int64_t v : lookaheads) rows += 1 + v;
-    expected_ = {ran, step_seconds(ran, lookaheads, costs_at(b, rows, ran)), b, switching};
-  }
+  if (planned_ && !started_ && (switching == 0 || (ran != Drafting::kNone && !probed_ && !explored_)))
+    expected_ = {ran, std::move(lookaheads), b, switching};
   started_ = false;
 }
 

@@ -29,7 +29,7 @@
 //   served misses with it.
 //
 // Before it plans freely at a batch size: one autoregressive step times the
-// forward of one row per sequence, in ssd one step without trees times a
+// forward of one row per sequence (and what such a step costs beyond it), in ssd one step without trees times a
 // full verify's forward (so the cost of every lookahead in between is
 // interpolated between two uncontended measurements), and until
 // kWarmupTrials proposals were verified every round verifies k with the best
@@ -103,10 +103,12 @@ class AdaptivePolicy {
   struct Options {
     StepPlan best, current, none, speculative, misses;
   };
-  /// What the model said of the rounds a step verifies (their lookaheads are known when it starts).
+  /// The rounds a step verifies (their lookaheads are known when it starts),
+  /// modelled when the step ends: after its own forward was timed, so a step
+  /// whose forward size was never timed before is compared with that forward.
   struct Expected {
     Drafting drafting = Drafting::kNone;
-    double seconds = 0.0;  // modelled, before the step factor; 0: nothing to compare
+    std::vector<int64_t> lookaheads;  // empty: nothing to compare
     int64_t batch = 0;
     int64_t switching = 0;  // 1..kSwitchSteps: a switch's first steps (their excess is its cost); 0: not
   };

@@ -271,11 +271,13 @@ def regime():
 def test_measured_steps_price_waits_the_model_cannot_see(regime, delay_ms):
     """At batch 1 on the constructed pair, trees pay (fixed ssd decodes about 1.5x ar's tokens per second), so the
     policy builds them. When the draft side answers 400 ms late (a wait no part of the step model measures; a step
-    takes about 0.15 s) only the measured step times show it, and the policy must settle on autoregressive steps."""
+    takes about 0.15 s) only the measured step times show it, and the policy must settle on autoregressive steps.
+    Settling takes about a dozen steps (timing, warming, a switch's first steps, the dwell), so the request is long
+    enough that the settled steps are most of it."""
     pair, chat = regime
     with LLM(str(pair.target), draft=str(pair.draft), mode="ssd", k=4, max_batch=1, max_model_len=1024,
              target_threads=1, draft_threads=1, testing=TestingConfig(draft_answer_delay_ms=delay_ms)) as llm:
-        llm.chat(chat, SamplingParams(temperature=0, max_tokens=48, ignore_eos=True))
+        llm.chat(chat, SamplingParams(temperature=0, max_tokens=48 if delay_ms == 0 else 80, ignore_eos=True))
         stats = llm.stats()
     if delay_ms == 0:
         assert stats["adaptive_tree_steps"] > 0.6 * stats["adaptive_steps"]

@@ -11,7 +11,9 @@ outcomes the behaviour under test depends on:
 - a forward the draft worker was busy beside does not time the forward curve;
 - once the plan verifies nothing, the policy is in autoregressive steps and
   probes now and then (before: a trees kind verifying nothing never probed);
-- a switch's first steps' excess over the model is the switch's cost.
+- a switch's first steps' excess over the model is the switch's cost;
+- the step that times the forward of one row per sequence also measures
+  what autoregressive steps cost beyond the model.
 The auto fan-out budget (ssd._C.testing.FanoutPlanner) moves only with a new
 tree's measurement, is per sequence, shrinks in proportion to an overrun,
 and reads a step-time fit through negative seconds at no rows as zero there.
@@ -32,10 +34,11 @@ def forward_seconds(rows, batch, per_row=0.002, base=0.1):
 class Engine:
     """The engine's calls around the policy, at a fixed batch of `batch` sequences."""
 
-    def __init__(self, batch, mode="ssd"):
+    def __init__(self, batch, mode="ssd", prefill_rows=None):
         self.policy = _C.testing.PolicyHarness(mode, K, batch)
         self.batch = batch
-        self.policy.observe_forward(batch, forward_seconds(batch, batch))  # the prefill's last chunk
+        rows = batch if prefill_rows is None else prefill_rows
+        self.policy.observe_forward(rows, forward_seconds(rows, batch))  # the prefill's last chunk
         for i in range(batch):
             self.policy.start(i)
 
@@ -106,6 +109,19 @@ def test_probes_go_on_when_the_plan_verifies_nothing():
     assert s["policy_drafting"] == "none"
     # Autoregressive steps probe after 64, then 128 more (then 256): the estimates stay alive.
     assert s["adaptive_probe_steps"] - probes >= 2
+
+
+def test_autoregressive_steps_cost_beyond_the_forward_is_measured_from_the_timing_step():
+    """Every step pays 0.06 s beyond its forward (the engine's own work: sampling, postprocess). The prefill timed a
+    forward far from one row per sequence, so the policy's first plan times an autoregressive step; that step also
+    measures what such steps cost beyond the model. Trees pay throughout and stay in force; autoregressive steps
+    are then priced with their overhead, not as bare forwards (before: as bare forwards, 40 tok/s, which made a
+    kind whose own overhead was measured look worse than autoregressive steps whose overhead was not)."""
+    engine = Engine(4, prefill_rows=400)
+    s = engine.run(60, lambda v, lookup: min(v, 2), extra=lambda lookaheads, trees: 0.06)
+    assert s["policy_drafting"] == "trees" and s["adaptive_ar_steps"] <= 2
+    bare = 4 / forward_seconds(4, 4)  # 40 tok/s
+    assert s["policy_tok_s_ar"] < 0.9 * bare
 
 
 def switch_cost(stall):
