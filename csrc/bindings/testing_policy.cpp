@@ -48,7 +48,10 @@ class PolicyHarness {
   }
 
   void start(int64_t i) { policy_.first_round(&seq(i)); }
-  void plan(const py::dict& draft_totals) {
+  void plan(const py::dict& draft_totals, int64_t context) {
+    if (context < 0) throw std::invalid_argument("context must be >= 0, got " + std::to_string(context));
+    if (context > 0)
+      for (auto& s : seqs_) s.num_computed = context;
     DraftCounters totals;
     DraftCounters::fields([&](const char* name, auto member) {
       using Field = std::remove_reference_t<decltype(totals.*member)>;
@@ -104,8 +107,9 @@ void bind_testing_policy(py::module_& m) {
                             "The adaptive policy driven by hand: the test plays the engine (see testing_policy.cpp).")
       .def(py::init<const std::string&, int64_t, int64_t>(), py::arg("mode"), py::arg("k"), py::arg("batch"))
       .def("start", &PolicyHarness::start, py::arg("i"), "Sequence i's prefill is done: its first round is set.")
-      .def("plan", &PolicyHarness::plan, py::arg("draft_totals") = py::dict(),
-           "A step begins: plans the rounds its outcomes open. draft_totals: DraftCounters fields so far.")
+      .def("plan", &PolicyHarness::plan, py::arg("draft_totals") = py::dict(), py::arg("context") = 0,
+           "A step begins: plans the rounds its outcomes open. draft_totals: DraftCounters fields so far; "
+           "context: when > 0, every sequence's KV length (num_computed) from now on.")
       .def("observe_forward", &PolicyHarness::observe_forward, py::arg("rows"), py::arg("seconds"),
            py::arg("draft_busy") = 0.0)
       .def("observe_step", &PolicyHarness::observe_step, py::arg("seconds"), py::arg("decode_only") = true)

@@ -61,13 +61,32 @@ AdaptivePolicy::AdaptivePolicy(const EngineConfig& config, const TestingConfig& 
   gauges_.policy_drafting = enabled_ ? "unplanned" : "off";
 }
 
-Acceptance AdaptivePolicy::acceptance_of(const Sequence* seq) const {
-  auto estimate = [](double kept, double tried, double global_kept, double global_tried) {
-    const double global = (global_kept + kPriorWeight * kPriorAcceptance) / (global_tried + kPriorWeight);
+void AdaptivePolicy::Tally::add(double first, double kept_next_add, double tried_next_add, double decay) {
+  kept = decay * kept + first;
+  tried = decay * tried + 1.0;
+  kept_next = decay * kept_next + kept_next_add;
+  tried_next = decay * tried_next + tried_next_add;
+}
+
+Acceptance AdaptivePolicy::acceptance_of(const Sequence* seq, const Tally& g, const Acceptance& prior) const {
+  auto estimate = [](double kept, double tried, double global_kept, double global_tried, double p) {
+    const double global = (global_kept + kPriorWeight * p) / (global_tried + kPriorWeight);
     return std::clamp((kept + kSequenceWeight * global) / (tried + kSequenceWeight), 0.0, kMaxAcceptance);
   };
-  return {estimate(seq->kept, seq->tried, kept_, tried_),
-          estimate(seq->kept_next, seq->tried_next, kept_next_, tried_next_)};
+  return {estimate(seq->kept, seq->tried, g.kept, g.tried, prior.first),
+          estimate(seq->kept_next, seq->tried_next, g.kept_next, g.tried_next, prior.next)};
+}
+
+Acceptance AdaptivePolicy::acceptance_of(const Sequence* seq) const {
+  return acceptance_of(seq, model_, {kPriorAcceptance, kPriorAcceptance});
+}
+
+Acceptance AdaptivePolicy::hit_acceptance(const Sequence* seq) const {
+  // Until hits were measured, as the draft model drafting a round (its global estimate).
+  const Acceptance model_global{
+      (model_.kept + kPriorWeight * kPriorAcceptance) / (model_.tried + kPriorWeight),
+      (model_.kept_next + kPriorWeight * kPriorAcceptance) / (model_.tried_next + kPriorWeight)};
+  return acceptance_of(seq, hit_, model_global);
 }
 
 double AdaptivePolicy::hit_rate() const {
@@ -84,16 +103,22 @@ Acceptance AdaptivePolicy::fast_acceptance() const {
 Acceptance AdaptivePolicy::acceptance_of(const Sequence* seq, Drafting kind) const {
   const Acceptance model = acceptance_of(seq);
   if (kind != Drafting::kTrees) return model;
-  // A tree's round is a hit (the draft model's proposals) or a miss; a miss
-  // the worker serves with the n-gram fallback brings its proposals. The
-  // mixture's first and second proposals keep their expected gains.
-  const double w = (1 - hit_rate()) * (fast_misses_ + kPriorWeight * 0.5) / (misses_ + kPriorWeight);
+  // A tree's round is a hit (the draft model's tree: until hits were
+  // measured, as the model drafting) or a miss, which the worker re-drafts
+  // with the draft model or serves with the n-gram fallback. The mixture's
+  // first and second proposals keep their expected gains.
+  const Acceptance hit = hit_acceptance(seq);
+  const double h = hit_rate();
+  const double fast_share = (fast_misses_ + kPriorWeight * 0.5) / (misses_ + kPriorWeight);
+  const double w_hit = h, w_fast = (1 - h) * fast_share, w_model = (1 - h) * (1 - fast_share);
   const Acceptance fast = fast_acceptance();
   Acceptance mixed;
-  mixed.first = (1 - w) * model.first + w * fast.first;
+  mixed.first = w_hit * hit.first + w_model * model.first + w_fast * fast.first;
   if (mixed.first > 0)
-    mixed.next = std::clamp(((1 - w) * model.first * model.next + w * fast.first * fast.next) / mixed.first, 0.0,
-                            kMaxAcceptance);
+    mixed.next = std::clamp(
+        (w_hit * hit.first * hit.next + w_model * model.first * model.next + w_fast * fast.first * fast.next) /
+            mixed.first,
+        0.0, kMaxAcceptance);
   return mixed;
 }
 
@@ -162,14 +187,15 @@ void AdaptivePolicy::observe_forward(int64_t rows, double seconds, double draft_
   // A forward the draft worked beside for more than a little (catching up,
   // a tree of an earlier round) is slowed by it: it times no forward by
   // rows, unless none near its rows was timed yet.
-  const bool quiet = draft_busy <= kQuietDraft * seconds || !forward_.measured_near(rows);
+  const bool quiet = draft_busy <= kQuietDraft * seconds || !forward_.measured_near(rows, context_);
   if (!overlapped_ && quiet) {
-    forward_.observe(rows, seconds);
+    forward_.observe(rows, seconds, context_);
   } else if (overlapped_ && !forward_.empty()) {
     contention_.observe(seconds / forward_.seconds(rows), kPriorContention);
     last_overlapped_forward_ = seconds;
   }
   overlapped_ = false;
+  context_ = 0.0;  // a forward without a plan (prefill only) is at no known context
 }
 
 void AdaptivePolicy::observe_step(double seconds, bool decode_only) {
@@ -270,12 +296,28 @@ StepPlan AdaptivePolicy::choose(const Options& o, int64_t b, const std::vector<A
   const bool explore = free_plan && !forward_.measured_near(b) && timing_rows_ != b;
   const bool calibrate = free_plan && !explore && config_.mode == "ssd" && !forward_.measured_near(full) &&
                          timing_rows_ != full;
-  timing_rows_ = explore ? b : calibrate ? full : 0;
+  // ... and timed again, while a speculative kind is in force, once the
+  // context has moved past the one it was timed at (attention's share of a
+  // row grows with it) and autoregressive steps are predicted at least as
+  // good (within the hysteresis): a forward timed at a shorter context
+  // prices them too cheaply, and only then can that decide. One step (the
+  // kind in force stays), and the plan after it, made before that forward
+  // is timed, switches nothing.
+  const double spec = o.speculative.tokens_per_second(), none = o.none.tokens_per_second();
+  retiming_ = free_plan && !explore && !calibrate && !holding_ && kind_ != Drafting::kNone &&
+              since_switch_ >= kDwellSteps && none * (1 + kHysteresis) >= spec &&
+              !forward_.measured_near(b, context_);
+  timing_rows_ = explore || retiming_ ? b : calibrate ? full : 0;
   // Only the draft model's proposals count: they are what every speculative kind's estimates start from.
-  const bool warming = tried_ + tried_next_ < kWarmupTrials && o.speculative.drafting != Drafting::kNone;
+  const bool warming =
+      model_.trials() + hit_.trials() < kWarmupTrials && o.speculative.drafting != Drafting::kNone;
   StepPlan chosen = o.current;
+  const bool hold = holding_;
+  holding_ = retiming_;
   if (explore) {
     chosen = o.none;
+  } else if (retiming_ || hold) {
+    if (retiming_) SSD_LOG_DEBUG("adaptive: timing the forward of batch " << b << " again at context " << context_);
   } else if (calibrate) {
     chosen = o.misses;
   } else if (warming) {
@@ -323,6 +365,8 @@ void AdaptivePolicy::plan(const std::vector<Sequence*>& decoding, const DraftCou
   learn_draft_costs(draft_totals);
   const auto b = static_cast<int64_t>(decoding.size());
   last_batch_ = b;
+  context_ = 0.0;
+  for (const Sequence* seq : decoding) context_ += static_cast<double>(seq->num_computed) / static_cast<double>(b);
   ++step_;
   if (!enabled_ || forward_.empty()) return;
   expect_step(decoding);
@@ -333,6 +377,7 @@ void AdaptivePolicy::plan(const std::vector<Sequence*>& decoding, const DraftCou
   ++since_switch_;
   kind_ = chosen.drafting;
   in_force_ = chosen;
+  if (retiming_) in_force_ = o.none;  // for one step: autoregressive rounds, the kind in force stays
   probe_rounds_ = 0;
   probed_ = false;
   // Without speculation nothing updates the acceptance estimates: now and
@@ -352,11 +397,11 @@ void AdaptivePolicy::plan(const std::vector<Sequence*>& decoding, const DraftCou
   counters_.adaptive_steps += 1;
   if (in_force_.drafting == Drafting::kNone) counters_.adaptive_ar_steps += 1;
   if (in_force_.drafting == Drafting::kTrees) counters_.adaptive_tree_steps += 1;
-  update_gauges(o, chosen, acceptance, b);
+  update_gauges(decoding, o, chosen, acceptance, b);
   counters_.adaptive_decision_seconds += since(t0);
 }
 
-void AdaptivePolicy::update_gauges(const Options& o, const StepPlan& chosen,
+void AdaptivePolicy::update_gauges(const std::vector<Sequence*>& decoding, const Options& o, const StepPlan& chosen,
                                    const std::vector<Acceptance>& acceptance, int64_t b) {
   const StepCosts costs = costs_at(b, b * (config_.k + 1), Drafting::kTrees);
   double mean = 0, mean_next = 0;
@@ -380,6 +425,9 @@ void AdaptivePolicy::update_gauges(const Options& o, const StepPlan& chosen,
   gauges_.policy_switch_seconds =
       o.speculative.drafting == Drafting::kNone ? 0.0 : switch_seconds(o.speculative.drafting, b);
   gauges_.policy_fast_acceptance = config_.mode == "ssd" ? fast_acceptance().first : 0.0;
+  gauges_.policy_hit_acceptance = 0.0;
+  if (config_.mode == "ssd")
+    for (const Sequence* seq : decoding) gauges_.policy_hit_acceptance += hit_acceptance(seq).first / static_cast<double>(b);
   gauges_.policy_tok_s = chosen.tokens_per_second();
   gauges_.policy_tok_s_ar = o.none.tokens_per_second();
   gauges_.policy_tok_s_best = o.best.tokens_per_second();
@@ -428,19 +476,16 @@ void AdaptivePolicy::after_round(Sequence* seq, int64_t proposed, int64_t accept
     const double first = accepted > 0 ? 1.0 : 0.0;
     const double kept_next = static_cast<double>(std::max<int64_t>(accepted - 1, 0));
     const double tried_next = kept_next + (accepted > 0 && accepted < proposed ? 1.0 : 0.0);
-    auto add = [](double& kept, double& tried, double k, double t, double decay) {
-      kept = decay * kept + k;
-      tried = decay * tried + t;
-    };
     if (lookup == CacheLookup::kFastFallback) {
       // The n-gram fallback's proposals: their own estimates, not the draft model's.
-      add(fast_.kept, fast_.tried, first, 1.0, kGlobalDecay);
-      add(fast_.kept_next, fast_.tried_next, kept_next, tried_next, kGlobalDecay);
+      fast_.add(first, kept_next, tried_next, kGlobalDecay);
     } else {
-      add(seq->kept, seq->tried, first, 1.0, kSequenceDecay);
-      add(seq->kept_next, seq->tried_next, kept_next, tried_next, kSequenceDecay);
-      add(kept_, tried_, first, 1.0, kGlobalDecay);
-      add(kept_next_, tried_next_, kept_next, tried_next, kGlobalDecay);
+      // The draft model's: the sequence's own (recent text), and by source over all sequences.
+      seq->kept = kSequenceDecay * seq->kept + first;
+      seq->tried = kSequenceDecay * seq->tried + 1.0;
+      seq->kept_next = kSequenceDecay * seq->kept_next + kept_next;
+      seq->tried_next = kSequenceDecay * seq->tried_next + tried_next;
+      (lookup == CacheLookup::kHit ? hit_ : model_).add(first, kept_next, tried_next, kGlobalDecay);
     }
   }
   // Hit rates (and how misses were served) are learnt from rounds whose tree was asked for.

@@ -29,7 +29,9 @@
 //   served misses with it.
 //
 // Before it plans freely at a batch size: one autoregressive step times the
-// forward of one row per sequence (and what such a step costs beyond it), in ssd one step without trees times a
+// forward of one row per sequence (and what such a step costs beyond it;
+// again when the context moved far from it and autoregressive steps look
+// best), in ssd one step without trees times a
 // full verify's forward (so the cost of every lookahead in between is
 // interpolated between two uncontended measurements), and until
 // kWarmupTrials proposals were verified every round verifies k with the best
@@ -113,14 +115,25 @@ class AdaptivePolicy {
     int64_t switching = 0;  // 1..kSwitchSteps: a switch's first steps (their excess is its cost); 0: not
   };
 
-  /// The sequence's estimates for the draft model's proposals.
+  struct Tally {
+    double kept = 0.0, tried = 0.0, kept_next = 0.0, tried_next = 0.0;
+    void add(double first, double kept_next_add, double tried_next_add, double decay);
+    double trials() const { return tried + tried_next; }
+  };
+  /// The sequence's estimates for the draft model's proposals, pulled towards `global`'s
+  /// (a global estimate pulled towards `prior` with kPriorWeight).
+  Acceptance acceptance_of(const Sequence* seq, const Tally& global, const Acceptance& prior) const;
+  /// ... drafting a round.
   Acceptance acceptance_of(const Sequence* seq) const;
+  /// ... in a round whose tree hit.
+  Acceptance hit_acceptance(const Sequence* seq) const;
   /// The cache hit-rate estimate (decayed, with its prior).
   double hit_rate() const;
   /// The n-gram fallback's (over all sequences).
   Acceptance fast_acceptance() const;
   /// What a round of `kind` proposes: the draft model's, or in a tree's
-  /// round a hit's or a miss's (the n-gram fallback's, as often as it served misses).
+  /// round a hit's (the draft model's on a hit) or a miss's (the n-gram
+  /// fallback's as often as it served misses, else the draft model's).
   Acceptance acceptance_of(const Sequence* seq, Drafting kind) const;
   void assign(Sequence* seq);
   void learn_draft_costs(const DraftCounters& totals);
@@ -137,7 +150,7 @@ class AdaptivePolicy {
   StepPlan choose(const Options& o, int64_t batch, const std::vector<Acceptance>& acceptance);
   /// Switching from `from` to `to` wins back its cost within kSwitchHorizon steps.
   bool pays_back(const StepPlan& to, const StepPlan& from, int64_t batch) const;
-  void update_gauges(const Options& o, const StepPlan& chosen, const std::vector<Acceptance>& acceptance,
+  void update_gauges(const std::vector<Sequence*>& decoding, const Options& o, const StepPlan& chosen, const std::vector<Acceptance>& acceptance,
                      int64_t batch);
 
   const EngineConfig& config_;
@@ -165,10 +178,14 @@ class AdaptivePolicy {
   bool started_ = false;                    // a sequence's first round was assigned since the last plan
   int64_t timing_rows_ = 0;                 // a forward the last plan asked for, to time it
   int64_t last_batch_ = 0;
-  double kept_ = 0.0, tried_ = 0.0, kept_next_ = 0.0, tried_next_ = 0.0;  // all sequences (decayed), as Sequence's
-  struct {
-    double kept = 0.0, tried = 0.0, kept_next = 0.0, tried_next = 0.0;
-  } fast_;  // the n-gram fallback's rounds (decayed), all sequences
+  double context_ = 0.0;                    // mean KV length of the step's decoding sequences
+  bool retiming_ = false;                   // this plan times the forward again (one autoregressive step)
+  bool holding_ = false;                    // the last plan did: this one switches nothing
+  // Proposals kept over all sequences (decayed), as Sequence's, by source:
+  // the draft model drafting a round (no tree, or a miss it re-drafted), the
+  // draft model's tree on a hit (a hit follows text the draft foresaw, and
+  // is kept longer), the n-gram fallback.
+  Tally model_, hit_, fast_;
   double hits_ = 0.0, lookups_ = 0.0;
   double fast_misses_ = 0.0, misses_ = 0.0;  // misses served by the n-gram fallback / all misses (decayed)
   StepPlan in_force_;                // what this step's outcomes open (a probe's plan, for one step)

@@ -87,10 +87,19 @@ int64_t bucket_of(int64_t size) {
 
 }  // namespace
 
-void CostCurve::observe(int64_t size, double seconds) {
+bool CostCurve::context_differs(double a, double b) {
+  if (!(a > 0) || !(b > 0)) return false;
+  const double hi = std::max(a, b) + kContextSlack, lo = std::min(a, b) + kContextSlack;
+  return hi > kStaleContext * lo;
+}
+
+void CostCurve::observe(int64_t size, double seconds, double context) {
   if (size < 1 || !(seconds > 0)) return;
   Point& p = points_[bucket_of(size)];
-  p.seconds = p.count <= 1 ? seconds : 0.8 * p.seconds + 0.2 * seconds;
+  if (context_differs(p.context, context)) p.count = 0;  // measured at another context: replaced
+  const bool first = p.count <= 1;
+  p.seconds = first ? seconds : 0.8 * p.seconds + 0.2 * seconds;
+  if (context > 0) p.context = first || !(p.context > 0) ? context : 0.8 * p.context + 0.2 * context;
   p.count += 1;
 }
 
@@ -109,11 +118,11 @@ double CostCurve::seconds(int64_t size) const {
   return t0 + (t1 - t0) * std::clamp((x - x0) / (x1 - x0), 0.0, 1.0);
 }
 
-bool CostCurve::measured_near(int64_t size) const {
+bool CostCurve::measured_near(int64_t size, double context) const {
   const double x = static_cast<double>(std::max<int64_t>(size, 1));
   return std::any_of(points_.begin(), points_.end(), [&](const auto& p) {
     const double r = static_cast<double>(p.first) / x;
-    return r >= 1 / 1.5 && r <= 1.5;
+    return r >= 1 / 1.5 && r <= 1.5 && !context_differs(p.second.context, context);
   });
 }
 

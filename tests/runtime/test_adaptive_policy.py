@@ -13,7 +13,9 @@ outcomes the behaviour under test depends on:
   probes now and then (before: a trees kind verifying nothing never probed);
 - a switch's first steps' excess over the model is the switch's cost;
 - the step that times the forward of one row per sequence also measures
-  what autoregressive steps cost beyond the model.
+  what autoregressive steps cost beyond the model;
+- that forward is timed again once the context has moved far from the one
+  it was timed at, when the decision is close.
 The auto fan-out budget (ssd._C.testing.FanoutPlanner) moves only with a new
 tree's measurement, is per sequence, shrinks in proportion to an overrun,
 and reads a step-time fit through negative seconds at no rows as zero there.
@@ -81,10 +83,33 @@ def test_fallback_proposals_do_not_lower_the_draft_models_estimate():
         p.after_round(0, K, K if hit else 0, "hit" if hit else "fast")
     p.plan()
     s = p.stats()
-    # One estimate over both (the old one) would sit near 0.5.
-    assert s["policy_acceptance"] > 0.85 and s["policy_continuation"] > 0.85
+    # One estimate over both (the old one) would sit near 0.5. Hits have their own global estimate (30 hits, all
+    # kept, against the prior 0.6 worth 8: over 0.9); the sequence's own (hits only, all kept) is pulled towards it.
+    assert s["policy_hit_acceptance"] > 0.9
+    # The model drafting a round was never measured: the sequence's own record pulled towards the prior 0.6.
+    assert s["policy_acceptance"] > 0.75 and s["policy_continuation"] > 0.75
     # 30 fallback rounds, none kept, against the prior 0.3 worth 8: under 0.1.
     assert s["policy_fast_acceptance"] < 0.1
+
+
+def test_hits_are_priced_with_what_hits_keep():
+    """A hit follows text the draft foresaw, so a hit's proposals are kept far more often than the draft model's when
+    it drafts a round from scratch (here every hit keeps all four, a re-drafted miss none). The trees kind's estimate
+    weights hits by the hit rate, so it is well above drafting without trees; before, one estimate over both
+    sources priced hits and misses the same."""
+    p = _C.testing.PolicyHarness("ssd", K, 1)
+    p.observe_forward(1, 0.1)
+    p.start(0)
+    for r in range(80):  # 3 of 4 rounds hit (all kept), the rest re-drafted by the model (none kept)
+        hit = r % 4 != 0
+        p.after_round(0, K, K if hit else 0, "hit" if hit else "neural")
+    p.plan()
+    s = p.stats()
+    # 20 model rounds, none kept, against 0.6 worth 8; 60 hits, all kept. The sequence's own record (both sources)
+    # pulls each towards 0.75, where one estimate over both would put both.
+    assert s["policy_acceptance"] < 0.6
+    assert s["policy_hit_acceptance"] > 0.78
+    assert s["policy_hit_acceptance"] - s["policy_acceptance"] > 0.25
 
 
 def test_forwards_the_draft_worked_beside_do_not_time_the_forward():
@@ -122,6 +147,41 @@ def test_autoregressive_steps_cost_beyond_the_forward_is_measured_from_the_timin
     assert s["policy_drafting"] == "trees" and s["adaptive_ar_steps"] <= 2
     bare = 4 / forward_seconds(4, 4)  # 40 tok/s
     assert s["policy_tok_s_ar"] < 0.9 * bare
+
+
+def test_the_forward_is_timed_again_when_the_context_has_grown():
+    """A row's cost grows with the context it attends to (here 30% per 100 tokens). The policy timed the forward of
+    one row per sequence at context 30; the context then jumps to 300 (a warm-up on short prompts, then long ones).
+    Trees keep paying at 300, but the forward timed at 30 prices autoregressive steps far too cheaply: without a new
+    timing the policy switched to them and stayed the whole dwell (8 steps) before their measured steps brought it
+    back. Now one autoregressive step times the forward at the new context and trees go on."""
+    p = _C.testing.PolicyHarness("ssd", K, 4)
+    b = 4
+
+    def forward(rows, context):
+        return forward_seconds(rows, b) * (1 + 0.3 * context / 100)
+
+    p.observe_forward(400, 2.0)  # the prefill
+    for i in range(b):
+        p.start(i)
+    ar_steps_after = 0
+    for n in range(90):
+        context = 30 + n if n < 30 else 300 + n
+        p.plan(context=context)
+        lookaheads, trees = p.lookaheads(), p.trees()
+        rows = sum(1 + v for v in lookaheads)
+        seconds = forward(rows, context)
+        p.observe_forward(rows, seconds)
+        for i, (v, tree) in enumerate(zip(lookaheads, trees)):
+            p.after_round(i, v, min(v, 1), "none" if v == 0 else ("hit" if tree else "neural"))
+        p.observe_step(seconds + (0.02 if any(lookaheads) else 0.0))
+        if n >= 30:
+            ar_steps_after += not any(lookaheads)
+    s = p.stats()
+    assert s["policy_drafting"] in ("trees", "misses")
+    assert ar_steps_after <= 3  # the timing step (and the step whose rounds it planned), not a dwell's worth
+    # autoregressive steps priced at the new context: well under the 40 tok/s of a forward at context 30
+    assert s["policy_tok_s_ar"] < 0.7 * 4 / forward_seconds(4, 4)
 
 
 def switch_cost(stall):

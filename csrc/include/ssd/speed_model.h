@@ -105,16 +105,27 @@ struct SpeedMetrics {
 /// one-off costs: fresh pages, a budget still being sized).
 class CostCurve {
  public:
-  void observe(int64_t size, double seconds);
+  /// `context`: the mean tokens a row attended to (0: not known). A point
+  /// measured at a context that differs from it by more than kStaleContext
+  /// (see context_differs) is replaced rather than averaged.
+  void observe(int64_t size, double seconds, double context = 0.0);
   /// 0 when nothing was measured.
   double seconds(int64_t size) const;
-  /// A measurement within a factor of 1.5 of `size`.
-  bool measured_near(int64_t size) const;
+  /// A measurement within a factor of 1.5 of `size`; with a `context`, one
+  /// measured at a context that does not differ from it.
+  bool measured_near(int64_t size, double context = 0.0) const;
   bool empty() const { return points_.empty(); }
+
+  /// Contexts differ when (a + kContextSlack) / (b + kContextSlack), larger
+  /// over smaller, exceeds kStaleContext: a row's cost is its weights' (the
+  /// slack, in tokens) plus its attention's, which grows with the context.
+  static constexpr double kStaleContext = 1.5, kContextSlack = 64.0;
+  static bool context_differs(double a, double b);
 
  private:
   struct Point {
     double seconds = 0.0;
+    double context = 0.0;
     int64_t count = 0;
   };
   std::map<int64_t, Point> points_;  // by bucket

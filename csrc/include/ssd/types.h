@@ -259,6 +259,7 @@ struct PolicyGauges {
   double policy_step_factor = 1.0;       ///< measured / modelled step seconds of the kind in force at this batch
   double policy_switch_seconds = 0.0;    ///< what switching to the best speculative kind costs at this batch (its first steps' excess)
   double policy_fast_acceptance = 0.0;   ///< ssd: the n-gram fallback's estimate that a first proposal is kept
+  double policy_hit_acceptance = 0.0;    ///< ssd: the batch's mean estimate that a hit's first proposal is kept
   double policy_tok_s = 0.0;          ///< predicted tokens/s of the plan in force
   double policy_tok_s_ar = 0.0;       ///< ... of an autoregressive step
   double policy_tok_s_best = 0.0;     ///< ... of the best plan this step
@@ -277,6 +278,7 @@ struct PolicyGauges {
     f("policy_fallback_seconds", &PolicyGauges::policy_fallback_seconds);
     f("policy_switch_seconds", &PolicyGauges::policy_switch_seconds);
     f("policy_fast_acceptance", &PolicyGauges::policy_fast_acceptance);
+    f("policy_hit_acceptance", &PolicyGauges::policy_hit_acceptance);
     f("policy_draft_seconds", &PolicyGauges::policy_draft_seconds);
     f("policy_contention", &PolicyGauges::policy_contention);
     f("policy_step_factor", &PolicyGauges::policy_step_factor);

@@ -37,8 +37,8 @@ PROG = f"{BENCH_PROG} adaptive"
 # name -> (mode, EngineConfig.adaptive (None: ar), target threads)
 VARIANTS = {"ar": ("ar", None, 1), "ar 2thr": ("ar", None, 2), "sd": ("sd", False, 1), "ssd": ("ssd", False, 1),
             "sd adaptive": ("sd", True, 1), "ssd adaptive": ("ssd", True, 1)}
-FIXED = ("ar", "sd", "ssd")
-WARMUP_PROMPT_LEN = 16  # the warm-up batch's prompts are cut to this many tokens (a cheap prefill)  # the fixed modes on the 1-thread target, over which best_fixed is taken
+FIXED = ("ar", "sd", "ssd")  # the fixed modes on the 1-thread target, over which best_fixed is taken
+WARMUP_PROMPT_LEN = 16  # the warm-up batch's prompts are cut to this many tokens (a cheap prefill)
 # The criteria, in one place.
 MIN_RATIO = 0.90  # ssd adaptive / best fixed, at every point
 MIN_RATIO_SPREAD = 0.95  # ... where the fixed modes differ by more than SPREAD
