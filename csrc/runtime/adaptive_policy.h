@@ -23,10 +23,13 @@
 //   steps' seconds beyond the model (the draft catching up on the
 //   sequences it idled for). A switch must win that back within
 //   kSwitchHorizon steps;
-// - acceptance by source: the draft model's proposals per sequence, the
-//   n-gram fallback's over all sequences; a tree's round proposes the
-//   model's on a hit, and on a miss the fallback's as often as the worker
-//   served misses with it.
+// - acceptance by source: per sequence the draft model's proposals; over
+//   all sequences the model drafting a round, the model's tree on a hit
+//   (kept more often), and the n-gram fallback. A tree's round proposes a
+//   hit's, or on a miss the fallback's or the model's as the worker served
+//   misses;
+// - the forward by rows at the context it was timed at (timed again, for
+//   one step, when the context moved far and autoregressive steps look best).
 //
 // Before it plans freely at a batch size: one autoregressive step times the
 // forward of one row per sequence (and what such a step costs beyond it;
