@@ -427,7 +427,8 @@ void AdaptivePolicy::update_gauges(const std::vector<Sequence*>& decoding, const
   gauges_.policy_fast_acceptance = config_.mode == "ssd" ? fast_acceptance().first : 0.0;
   gauges_.policy_hit_acceptance = 0.0;
   if (config_.mode == "ssd")
-    for (const Sequence* seq : decoding) gauges_.policy_hit_acceptance += hit_acceptance(seq).first / static_cast<double>(b);
+    for (const Sequence* seq : decoding)
+      gauges_.policy_hit_acceptance += hit_acceptance(seq).first / static_cast<double>(b);
   gauges_.policy_tok_s = chosen.tokens_per_second();
   gauges_.policy_tok_s_ar = o.none.tokens_per_second();
   gauges_.policy_tok_s_best = o.best.tokens_per_second();

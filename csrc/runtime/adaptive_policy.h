@@ -153,8 +153,8 @@ class AdaptivePolicy {
   StepPlan choose(const Options& o, int64_t batch, const std::vector<Acceptance>& acceptance);
   /// Switching from `from` to `to` wins back its cost within kSwitchHorizon steps.
   bool pays_back(const StepPlan& to, const StepPlan& from, int64_t batch) const;
-  void update_gauges(const std::vector<Sequence*>& decoding, const Options& o, const StepPlan& chosen, const std::vector<Acceptance>& acceptance,
-                     int64_t batch);
+  void update_gauges(const std::vector<Sequence*>& decoding, const Options& o, const StepPlan& chosen,
+                     const std::vector<Acceptance>& acceptance, int64_t batch);
 
   const EngineConfig& config_;
   bool enabled_;

@@ -15,7 +15,9 @@ outcomes the behaviour under test depends on:
 - the step that times the forward of one row per sequence also measures
   what autoregressive steps cost beyond the model;
 - that forward is timed again once the context has moved far from the one
-  it was timed at, when the decision is close.
+  it was timed at, when autoregressive steps look best (for one step);
+- hits have their own acceptance estimate (a hit's proposals are kept more
+  often than the draft model's when it drafts a round).
 The auto fan-out budget (ssd._C.testing.FanoutPlanner) moves only with a new
 tree's measurement, is per sequence, shrinks in proportion to an overrun,
 and reads a step-time fit through negative seconds at no rows as zero there.
