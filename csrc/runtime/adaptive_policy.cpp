@@ -68,13 +68,17 @@ void AdaptivePolicy::Tally::add(double first, double kept_next_add, double tried
   tried_next = decay * tried_next + tried_next_add;
 }
 
+Acceptance AdaptivePolicy::Tally::pulled(const Acceptance& prior) const {
+  return {(kept + kPriorWeight * prior.first) / (tried + kPriorWeight),
+          (kept_next + kPriorWeight * prior.next) / (tried_next + kPriorWeight)};
+}
+
 Acceptance AdaptivePolicy::acceptance_of(const Sequence* seq, const Tally& g, const Acceptance& prior) const {
-  auto estimate = [](double kept, double tried, double global_kept, double global_tried, double p) {
-    const double global = (global_kept + kPriorWeight * p) / (global_tried + kPriorWeight);
-    return std::clamp((kept + kSequenceWeight * global) / (tried + kSequenceWeight), 0.0, kMaxAcceptance);
+  const Acceptance global = g.pulled(prior);
+  auto estimate = [](double kept, double tried, double global_value) {
+    return std::clamp((kept + kSequenceWeight * global_value) / (tried + kSequenceWeight), 0.0, kMaxAcceptance);
   };
-  return {estimate(seq->kept, seq->tried, g.kept, g.tried, prior.first),
-          estimate(seq->kept_next, seq->tried_next, g.kept_next, g.tried_next, prior.next)};
+  return {estimate(seq->kept, seq->tried, global.first), estimate(seq->kept_next, seq->tried_next, global.next)};
 }
 
 Acceptance AdaptivePolicy::acceptance_of(const Sequence* seq) const {
@@ -83,10 +87,7 @@ Acceptance AdaptivePolicy::acceptance_of(const Sequence* seq) const {
 
 Acceptance AdaptivePolicy::hit_acceptance(const Sequence* seq) const {
   // Until hits were measured, as the draft model drafting a round (its global estimate).
-  const Acceptance model_global{
-      (model_.kept + kPriorWeight * kPriorAcceptance) / (model_.tried + kPriorWeight),
-      (model_.kept_next + kPriorWeight * kPriorAcceptance) / (model_.tried_next + kPriorWeight)};
-  return acceptance_of(seq, hit_, model_global);
+  return acceptance_of(seq, hit_, model_.pulled({kPriorAcceptance, kPriorAcceptance}));
 }
 
 double AdaptivePolicy::hit_rate() const {
@@ -94,10 +95,8 @@ double AdaptivePolicy::hit_rate() const {
 }
 
 Acceptance AdaptivePolicy::fast_acceptance() const {
-  auto estimate = [](double kept, double tried) {
-    return std::clamp((kept + kPriorWeight * kPriorFastAcceptance) / (tried + kPriorWeight), 0.0, kMaxAcceptance);
-  };
-  return {estimate(fast_.kept, fast_.tried), estimate(fast_.kept_next, fast_.tried_next)};
+  const Acceptance a = fast_.pulled({kPriorFastAcceptance, kPriorFastAcceptance});
+  return {std::clamp(a.first, 0.0, kMaxAcceptance), std::clamp(a.next, 0.0, kMaxAcceptance)};
 }
 
 Acceptance AdaptivePolicy::acceptance_of(const Sequence* seq, Drafting kind) const {

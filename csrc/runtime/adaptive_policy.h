@@ -122,9 +122,11 @@ class AdaptivePolicy {
     double kept = 0.0, tried = 0.0, kept_next = 0.0, tried_next = 0.0;
     void add(double first, double kept_next_add, double tried_next_add, double decay);
     double trials() const { return tried + tried_next; }
+    /// The estimates, pulled towards `prior` with kPriorWeight proposals.
+    Acceptance pulled(const Acceptance& prior) const;
   };
   /// The sequence's estimates for the draft model's proposals, pulled towards `global`'s
-  /// (a global estimate pulled towards `prior` with kPriorWeight).
+  /// (global.pulled(prior)).
   Acceptance acceptance_of(const Sequence* seq, const Tally& global, const Acceptance& prior) const;
   /// ... drafting a round.
   Acceptance acceptance_of(const Sequence* seq) const;
