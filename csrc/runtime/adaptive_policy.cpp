@@ -44,10 +44,12 @@ int index_of(Drafting d) { return static_cast<int>(d); }
 
 }  // namespace
 
-void AdaptivePolicy::Ratio::observe(double x, double prior) {
+void AdaptivePolicy::Ratio::observe(double x, double prior, double at_context) {
+  if (CostCurve::context_differs(context, at_context)) sum = weight = 0.0;  // learnt at another context: replaced
   const double v = value(prior);
   sum = kRatioDecay * sum + std::clamp(x, v / kRatioStride, v * kRatioStride);
   weight = kRatioDecay * weight + 1.0;
+  if (at_context > 0) context = context > 0 ? 0.8 * context + 0.2 * at_context : at_context;
 }
 
 double AdaptivePolicy::Ratio::value(double prior) const {
@@ -214,8 +216,8 @@ void AdaptivePolicy::observe_step(double seconds, bool decode_only) {
     return;
   }
   const double prior = step_prior(e.drafting, e.batch);
-  step_by_batch_[index_of(e.drafting)][e.batch].observe(seconds / modelled, prior);
-  step_all_[index_of(e.drafting)].observe(seconds / modelled, kPriorStepFactor);
+  step_by_batch_[index_of(e.drafting)][e.batch].observe(seconds / modelled, prior, e.context);
+  step_all_[index_of(e.drafting)].observe(seconds / modelled, kPriorStepFactor, e.context);
 }
 
 void AdaptivePolicy::expect_step(const std::vector<Sequence*>& decoding) {
@@ -243,7 +245,7 @@ void AdaptivePolicy::expect_step(const std::vector<Sequence*>& decoding) {
   const int64_t switching = since_switch_ <= kSwitchSteps && ran != Drafting::kNone ? since_switch_ : 0;
   expected_ = {};
   if (planned_ && !started_ && (switching == 0 || (ran != Drafting::kNone && !probed_ && !explored_)))
-    expected_ = {ran, std::move(lookaheads), b, switching};
+    expected_ = {ran, std::move(lookaheads), b, switching, context_};
   started_ = false;
 }
 

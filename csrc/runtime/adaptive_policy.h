@@ -17,7 +17,8 @@
 // - each step's modelled seconds (for the lookaheads its rounds verify)
 //   against its measured seconds, per drafting kind and batch size: the
 //   ratio scales that kind's predictions (waits for the draft side, engine
-//   overhead and whatever else the model leaves out); a kind not measured
+//   overhead and whatever else the model leaves out), learnt again once the
+//   context moved far from the one it was learnt at; a kind not measured
 //   at a batch is priced at least as autoregressive steps are there;
 // - what a switch to a speculative kind costs: its first kSwitchSteps
 //   steps' seconds beyond the model (the draft catching up on the
@@ -98,10 +99,12 @@ class AdaptivePolicy {
 
  private:
   /// A ratio learnt from measurements: a decayed mean pulled towards a prior
-  /// (the same prior for observe() and value()).
+  /// (the same prior for observe() and value()). With a context (mean KV
+  /// length, > 0), measurements at a context that differs from the one the
+  /// mean was learnt at (CostCurve::context_differs) replace it.
   struct Ratio {
-    double sum = 0.0, weight = 0.0;
-    void observe(double x, double prior);
+    double sum = 0.0, weight = 0.0, context = 0.0;
+    void observe(double x, double prior, double at_context = 0.0);
     double value(double prior) const;
   };
   /// The plans of one step, one per drafting kind the mode has.
@@ -116,6 +119,7 @@ class AdaptivePolicy {
     std::vector<int64_t> lookaheads;  // empty: nothing to compare
     int64_t batch = 0;
     int64_t switching = 0;  // 1..kSwitchSteps: a switch's first steps (their excess is its cost); 0: not
+    double context = 0.0;   // mean KV length of its sequences
   };
 
   struct Tally {
@@ -172,7 +176,9 @@ class AdaptivePolicy {
   double last_overlapped_forward_ = 0.0;  // seconds of the last such forward
   CostCurve draft_step_, tree_, fallback_, neural_fallback_;  // draft side, by sequences
   DraftCounters seen_;  // draft totals at the last plan
-  // Measured / modelled step seconds by drafting kind: over every batch, and by batch.
+  // Measured / modelled step seconds by drafting kind: over every batch, and
+  // by batch. What the model leaves out (waits for the draft side, whose
+  // share moves with the context) is learnt again at a new context.
   Ratio step_all_[4];
   std::map<int64_t, Ratio> step_by_batch_[4];
   Expected expected_;                       // of the step under way

@@ -17,7 +17,8 @@ outcomes the behaviour under test depends on:
 - that forward is timed again once the context has moved far from the one
   it was timed at, when autoregressive steps look best (for one step);
 - hits have their own acceptance estimate (a hit's proposals are kept more
-  often than the draft model's when it drafts a round).
+  often than the draft model's when it drafts a round);
+- what steps cost beyond the model is learnt again at a new context.
 The auto fan-out budget (ssd._C.testing.FanoutPlanner) moves only with a new
 tree's measurement, is per sequence, shrinks in proportion to an overrun,
 and reads a step-time fit through negative seconds at no rows as zero there.
@@ -184,6 +185,39 @@ def test_the_forward_is_timed_again_when_the_context_has_grown():
     assert ar_steps_after <= 3  # the timing step (and the step whose rounds it planned), not a dwell's worth
     # autoregressive steps priced at the new context: well under the 40 tok/s of a forward at context 30
     assert s["policy_tok_s_ar"] < 0.7 * 4 / forward_seconds(4, 4)
+
+
+def test_what_steps_cost_beyond_the_model_is_learnt_again_at_a_new_context():
+    """Tree steps wait half a forward more at context 30 (a warm-up on short prompts: the draft's trees are long
+    against the short forwards) and none at context 300. Every proposal is kept, so trees stay in force throughout.
+    The model prices a tree step at about 1.35 forwards (trees not measured here), so the measured / modelled factor
+    is learnt at about 1.1 at context 30, and is 0.74 at 300. Measurements at 300 replace what was learnt at 30;
+    before, the factor was a decayed mean over both (1.04 after three steps at 300), which went on pricing trees
+    as at 30 for a dozen steps."""
+    p = _C.testing.PolicyHarness("ssd", K, 4)
+    b = 4
+    p.observe_forward(400, 2.0)  # the prefill
+    for i in range(b):
+        p.start(i)
+
+    def step(context, wait):
+        p.plan(context=context)
+        lookaheads, trees = p.lookaheads(), p.trees()
+        rows = sum(1 + v for v in lookaheads)
+        seconds = forward_seconds(rows, b)
+        p.observe_forward(rows, seconds)
+        for i, (v, tree) in enumerate(zip(lookaheads, trees)):
+            p.after_round(i, v, v, "none" if v == 0 else ("hit" if tree else "neural"))
+        p.observe_step(seconds * (1 + wait if any(trees) and any(lookaheads) else 1))
+
+    for n in range(40):
+        step(30 + n, 0.5)
+    s = p.stats()
+    assert s["policy_drafting"] == "trees" and s["policy_step_factor"] > 1.05
+    for n in range(3):
+        step(300 + n, 0.0)
+    s = p.stats()
+    assert s["policy_drafting"] == "trees" and s["policy_step_factor"] < 0.95
 
 
 def switch_cost(stall):
