@@ -39,21 +39,23 @@ def forward_seconds(rows, batch, per_row=0.002, base=0.1):
 class Engine:
     """The engine's calls around the policy, at a fixed batch of `batch` sequences."""
 
-    def __init__(self, batch, mode="ssd", prefill_rows=None):
+    def __init__(self, batch, mode="ssd", prefill_rows=None, prefill_seconds=None):
         self.policy = _C.testing.PolicyHarness(mode, K, batch)
         self.batch = batch
         rows = batch if prefill_rows is None else prefill_rows
-        self.policy.observe_forward(rows, forward_seconds(rows, batch))  # the prefill's last chunk
+        seconds = forward_seconds(rows, batch) if prefill_seconds is None else prefill_seconds
+        self.policy.observe_forward(rows, seconds)  # the prefill's last chunk
         for i in range(batch):
             self.policy.start(i)
 
-    def step(self, kept, lookup_of_tree="hit", extra=None):
-        """One step. kept(lookahead, lookup): proposals kept; extra(lookaheads, trees): seconds the step waits more."""
+    def step(self, kept, lookup_of_tree="hit", extra=None, context=0, forward=None):
+        """One step. kept(lookahead, lookup): proposals kept; extra(lookaheads, trees): seconds the step waits more;
+        context: every sequence's KV length (0: unchanged); forward(rows, context): the forward's seconds."""
         p, b = self.policy, self.batch
-        p.plan()
+        p.plan(context=context)
         lookaheads, trees = p.lookaheads(), p.trees()  # what this step verifies (planned a step ago)
         rows = sum(1 + v for v in lookaheads)
-        seconds = forward_seconds(rows, b)
+        seconds = forward(rows, context) if forward else forward_seconds(rows, b)
         p.observe_forward(rows, seconds)
         for i, (v, tree) in enumerate(zip(lookaheads, trees)):
             lookup = "none" if v == 0 else (lookup_of_tree if tree else "neural")
@@ -158,29 +160,19 @@ def test_the_forward_is_timed_again_when_the_context_has_grown():
     Trees keep paying at 300, but the forward timed at 30 prices autoregressive steps far too cheaply: without a new
     timing the policy switched to them and stayed the whole dwell (8 steps) before their measured steps brought it
     back. Now one autoregressive step times the forward at the new context and trees go on."""
-    p = _C.testing.PolicyHarness("ssd", K, 4)
     b = 4
+    engine = Engine(b, prefill_rows=400, prefill_seconds=2.0)
 
     def forward(rows, context):
         return forward_seconds(rows, b) * (1 + 0.3 * context / 100)
 
-    p.observe_forward(400, 2.0)  # the prefill
-    for i in range(b):
-        p.start(i)
     ar_steps_after = 0
     for n in range(90):
-        context = 30 + n if n < 30 else 300 + n
-        p.plan(context=context)
-        lookaheads, trees = p.lookaheads(), p.trees()
-        rows = sum(1 + v for v in lookaheads)
-        seconds = forward(rows, context)
-        p.observe_forward(rows, seconds)
-        for i, (v, tree) in enumerate(zip(lookaheads, trees)):
-            p.after_round(i, v, min(v, 1), "none" if v == 0 else ("hit" if tree else "neural"))
-        p.observe_step(seconds + (0.02 if any(lookaheads) else 0.0))
+        lookaheads = engine.step(lambda v, lookup: min(v, 1), extra=lambda lookaheads, trees: 0.02 * any(lookaheads),
+                                 context=30 + n if n < 30 else 300 + n, forward=forward)
         if n >= 30:
             ar_steps_after += not any(lookaheads)
-    s = p.stats()
+    s = engine.policy.stats()
     assert s["policy_drafting"] in ("trees", "misses")
     assert ar_steps_after <= 3  # the timing step (and the step whose rounds it planned), not a dwell's worth
     # autoregressive steps priced at the new context: well under the 40 tok/s of a forward at context 30
@@ -194,29 +186,20 @@ def test_what_steps_cost_beyond_the_model_is_learnt_again_at_a_new_context():
     is learnt at about 1.1 at context 30, and is 0.74 at 300. Measurements at 300 replace what was learnt at 30;
     before, the factor was a decayed mean over both (1.04 after three steps at 300), which went on pricing trees
     as at 30 for a dozen steps."""
-    p = _C.testing.PolicyHarness("ssd", K, 4)
     b = 4
-    p.observe_forward(400, 2.0)  # the prefill
-    for i in range(b):
-        p.start(i)
+    engine = Engine(b, prefill_rows=400, prefill_seconds=2.0)
 
-    def step(context, wait):
-        p.plan(context=context)
-        lookaheads, trees = p.lookaheads(), p.trees()
-        rows = sum(1 + v for v in lookaheads)
-        seconds = forward_seconds(rows, b)
-        p.observe_forward(rows, seconds)
-        for i, (v, tree) in enumerate(zip(lookaheads, trees)):
-            p.after_round(i, v, v, "none" if v == 0 else ("hit" if tree else "neural"))
-        p.observe_step(seconds * (1 + wait if any(trees) and any(lookaheads) else 1))
+    def tree_wait(wait):  # a tree step waits `wait` of its forward more
+        return lambda lookaheads, trees: (wait * forward_seconds(sum(1 + v for v in lookaheads), b)
+                                          if any(trees) and any(lookaheads) else 0.0)
 
     for n in range(40):
-        step(30 + n, 0.5)
-    s = p.stats()
+        engine.step(every, extra=tree_wait(0.5), context=30 + n)
+    s = engine.policy.stats()
     assert s["policy_drafting"] == "trees" and s["policy_step_factor"] > 1.05
     for n in range(3):
-        step(300 + n, 0.0)
-    s = p.stats()
+        engine.step(every, extra=tree_wait(0.0), context=300 + n)
+    s = engine.policy.stats()
     assert s["policy_drafting"] == "trees" and s["policy_step_factor"] < 0.95
 
 
