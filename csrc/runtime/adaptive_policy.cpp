@@ -218,6 +218,7 @@ void AdaptivePolicy::observe_step(double seconds, bool decode_only) {
   const double prior = step_prior(e.drafting, e.batch);
   step_by_batch_[index_of(e.drafting)][e.batch].observe(seconds / modelled, prior, e.context);
   step_all_[index_of(e.drafting)].observe(seconds / modelled, kPriorStepFactor, e.context);
+  if (e.drafting == kind_) ++measured_since_switch_;
 }
 
 void AdaptivePolicy::expect_step(const std::vector<Sequence*>& decoding) {
@@ -305,8 +306,9 @@ StepPlan AdaptivePolicy::choose(const Options& o, int64_t b, const std::vector<A
   // kind in force stays), and the plan after it, made before that forward
   // is timed, switches nothing.
   const double spec = o.speculative.tokens_per_second(), none = o.none.tokens_per_second();
+  const bool measured = kind_ != Drafting::kNone && measured_since_switch_ >= kLeaveSteps;
   retiming_ = free_plan && !explore && !calibrate && !holding_ && kind_ != Drafting::kNone &&
-              since_switch_ >= kDwellSteps && none * (1 + kHysteresis) >= spec &&
+              (since_switch_ >= kDwellSteps || measured) && none * (1 + kHysteresis) >= spec &&
               !forward_.measured_near(b, context_);
   timing_rows_ = explore || retiming_ ? b : calibrate ? full : 0;
   // Only the draft model's proposals count: they are what every speculative kind's estimates start from.
@@ -324,6 +326,9 @@ StepPlan AdaptivePolicy::choose(const Options& o, int64_t b, const std::vector<A
   } else if (warming) {
     chosen = o.speculative;
     chosen.threshold = 0.0;  // every proposal: the fixed mode's rounds
+  } else if (measured && since_switch_ < kDwellSteps &&
+             none > o.current.tokens_per_second() * (1 + kHysteresis)) {
+    chosen = o.none;  // a speculative kind measured slower than the baseline: back to it before the dwell
   } else if (!planned_ || explored_ ||
              (o.best.drafting != kind_ && since_switch_ >= kDwellSteps &&
               o.best.tokens_per_second() > o.current.tokens_per_second() * (1 + kHysteresis) &&
@@ -334,6 +339,7 @@ StepPlan AdaptivePolicy::choose(const Options& o, int64_t b, const std::vector<A
   if (planned_ && chosen.drafting != kind_) {
     counters_.adaptive_switches += 1;
     since_switch_ = 0;
+    measured_since_switch_ = 0;
     probe_every_ = kProbeFirst;
     SSD_LOG_INFO("adaptive: drafting " << drafting_name(kind_) << " -> " << drafting_name(chosen.drafting)
                                        << " at batch " << b

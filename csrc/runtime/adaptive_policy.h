@@ -89,8 +89,13 @@ class AdaptivePolicy {
   static constexpr double kMaxAcceptance = 0.98;
   /// A new drafting kind must predict this much more than the one in force.
   static constexpr double kHysteresis = 0.05;
-  /// Steps a drafting kind stays in force before another may replace it.
+  /// Steps a drafting kind stays in force before another may replace it ...
   static constexpr int64_t kDwellSteps = 8;
+  /// ... unless it is speculative, had this many steps compared with the
+  /// model since it came into force, and is now predicted slower than
+  /// autoregressive steps: it is left for them at once. Entering a kind
+  /// waits out the dwell, falling back to the baseline does not.
+  static constexpr int64_t kLeaveSteps = 2;
   /// A switch to a speculative kind must win back what its first steps cost
   /// (the draft catching up on the sequences it idled for) within this many steps.
   static constexpr int64_t kSwitchHorizon = 16;
@@ -207,6 +212,7 @@ class AdaptivePolicy {
   bool planned_ = false;
   bool explored_ = false;  // the last plan was a timing or warming step
   int64_t since_switch_ = 0;
+  int64_t measured_since_switch_ = 0;  // steps of the kind in force compared with the model since it came in
   int64_t step_ = 0;
   AdaptiveCounters counters_;
   PolicyGauges gauges_;

@@ -18,7 +18,9 @@ outcomes the behaviour under test depends on:
   it was timed at, when autoregressive steps look best (for one step);
 - hits have their own acceptance estimate (a hit's proposals are kept more
   often than the draft model's when it drafts a round);
-- what steps cost beyond the model is learnt again at a new context.
+- what steps cost beyond the model is learnt again at a new context;
+- a speculative kind measured slower than autoregressive steps is left for
+  them without waiting out the dwell.
 The auto fan-out budget (ssd._C.testing.FanoutPlanner) moves only with a new
 tree's measurement, is per sequence, shrinks in proportion to an overrun,
 and reads a step-time fit through negative seconds at no rows as zero there.
@@ -201,6 +203,24 @@ def test_what_steps_cost_beyond_the_model_is_learnt_again_at_a_new_context():
         engine.step(every, extra=tree_wait(0.0), context=300 + n)
     s = engine.policy.stats()
     assert s["policy_drafting"] == "trees" and s["policy_step_factor"] < 0.95
+
+
+def test_a_speculative_kind_measured_slower_than_autoregressive_steps_is_left_before_the_dwell():
+    """At batch 8 two of four proposals are kept, so the model prices speculative steps above autoregressive ones;
+    but every speculative step waits 1.5 of its forward more (the draft side cannot keep up at this batch), which
+    only measured steps show. Before, each speculative kind the policy tried stayed in force for the dwell (8
+    steps): trees, then drafting without trees, 16 slow steps. Now a speculative kind is left for autoregressive
+    steps once two of its steps were compared with the model (after its two switch steps)."""
+    b = 8
+    engine = Engine(b, prefill_rows=400, prefill_seconds=2.0)
+
+    def wait(lookaheads, trees):
+        return 1.5 * forward_seconds(sum(1 + v for v in lookaheads), b) if any(lookaheads) else 0.0
+
+    speculative = [any(engine.step(lambda v, lookup: min(v, 2), extra=wait)) for _ in range(60)]
+    s = engine.policy.stats()
+    assert s["policy_drafting"] == "none" and s["adaptive_tree_steps"] >= 3  # trees were tried, and left
+    assert sum(speculative[3:]) <= 6  # after the timing steps: 16 with the dwell
 
 
 def switch_cost(stall):
