@@ -15,6 +15,7 @@
 #include "../model/kv_cache.h"
 #include "../model/json.h"
 #include "../model/safetensors.h"
+#include "../runtime/fallback.h"
 #include "../runtime/fanout.h"
 #include "../runtime/ngram.h"
 #include "../runtime/path_decoder.h"
@@ -24,6 +25,27 @@ namespace py = pybind11;
 namespace ssd {
 
 namespace {
+
+// The cache-miss fallback's choice of kind ("auto"), without a draft model:
+// a fresh fan-out planner (no draft step timed yet) beside it.
+struct FallbackChoice {
+  EngineConfig config;
+  runtime::FanoutPlanner planner;
+  runtime::Fallback fallback;
+  explicit FallbackChoice(int64_t k) : config(with_k(k)), planner(k, {}, 1, 1), fallback(config, planner, nullptr) {}
+  static EngineConfig with_k(int64_t k) {
+    EngineConfig c;
+    c.k = k;
+    c.fallback = "auto";
+    return c;
+  }
+};
+
+runtime::FallbackKind fallback_kind_named(const std::string& kind) {
+  if (kind == "fast") return runtime::FallbackKind::kFast;
+  if (kind == "neural") return runtime::FallbackKind::kNeural;
+  throw std::invalid_argument("fallback kind: 'neural' or 'fast', got '" + kind + "'");
+}
 
 // The fan-out planner, the worker's ranked lists and the n-gram fallback.
 void bind_runtime_pieces(py::module_& m) {
@@ -80,6 +102,26 @@ void bind_runtime_pieces(py::module_& m) {
       },
       py::arg("logits"), py::arg("depth"), py::arg("with_probs") = false,
       "The ssd draft worker's ranked list of a logits row: (tokens, probabilities at temperature 1).");
+  py::class_<FallbackChoice>(m, "FallbackChoice", "The ssd cache-miss fallback's choice of kind (runtime/fallback.h).")
+      .def(py::init<int64_t>(), py::arg("k"))
+      .def("observe_verify", [](FallbackChoice& f, double seconds) { f.fallback.observe_verify(seconds); },
+           py::arg("seconds"))
+      .def("observe_emitted",
+           [](FallbackChoice& f, const std::string& kind, int64_t accepted, bool tree_round) {
+             f.fallback.observe_emitted(runtime::source_of(fallback_kind_named(kind)), accepted, tree_round);
+           },
+           py::arg("kind"), py::arg("accepted"), py::arg("tree_round") = true,
+           "A verified round a kind ('neural' or 'fast') drafted kept `accepted` proposals.")
+      .def("observe_run",
+           [](FallbackChoice& f, const std::string& kind, double seconds, bool tree_round) {
+             f.fallback.observe_run(fallback_kind_named(kind), seconds, tree_round);
+           },
+           py::arg("kind"), py::arg("seconds"), py::arg("tree_round") = true)
+      .def("choose",
+           [](FallbackChoice& f, int64_t batch) {
+             return f.fallback.choose(batch) == runtime::FallbackKind::kFast ? "fast" : "neural";
+           },
+           py::arg("batch"));
   m.def("ngram_propose", &runtime::ngram_propose, py::arg("tokens"), py::arg("k"), py::arg("max_n") = 3);
   m.def("proposal_emitted", &runtime::proposal_emitted, py::arg("text"), py::arg("at"), py::arg("proposal"));
 }

@@ -27,19 +27,22 @@ runtime::CacheLookup lookup_named(const std::string& name) {
   throw std::invalid_argument("lookup: one of none, hit, neural, fast; got '" + name + "'");
 }
 
-EngineConfig policy_config(const std::string& mode, int64_t k) {
+EngineConfig policy_config(const std::string& mode, int64_t k, const std::string& fallback) {
   if (mode != "sd" && mode != "ssd") throw std::invalid_argument("mode: 'sd' or 'ssd', got '" + mode + "'");
+  if (fallback != "auto" && fallback != "neural" && fallback != "fast")
+    throw std::invalid_argument("fallback: 'auto', 'neural' or 'fast', got '" + fallback + "'");
   EngineConfig c;
   c.mode = mode;
   c.k = k;
+  c.fallback = fallback;
   c.adaptive = true;
   return c;
 }
 
 class PolicyHarness {
  public:
-  PolicyHarness(const std::string& mode, int64_t k, int64_t batch)
-      : config_(policy_config(mode, k)), policy_(config_, testing_) {
+  PolicyHarness(const std::string& mode, int64_t k, int64_t batch, const std::string& fallback)
+      : config_(policy_config(mode, k, fallback)), policy_(config_, testing_) {
     if (batch < 1) throw std::invalid_argument("batch must be >= 1, got " + std::to_string(batch));
     for (int64_t i = 0; i < batch; ++i) {
       seqs_.emplace_back();
@@ -105,7 +108,8 @@ class PolicyHarness {
 void bind_testing_policy(py::module_& m) {
   py::class_<PolicyHarness>(m, "PolicyHarness",
                             "The adaptive policy driven by hand: the test plays the engine (see testing_policy.cpp).")
-      .def(py::init<const std::string&, int64_t, int64_t>(), py::arg("mode"), py::arg("k"), py::arg("batch"))
+      .def(py::init<const std::string&, int64_t, int64_t, const std::string&>(), py::arg("mode"), py::arg("k"),
+           py::arg("batch"), py::arg("fallback") = "auto")
       .def("start", &PolicyHarness::start, py::arg("i"), "Sequence i's prefill is done: its first round is set.")
       .def("plan", &PolicyHarness::plan, py::arg("draft_totals") = py::dict(), py::arg("context") = 0,
            "A step begins: plans the rounds its outcomes open. draft_totals: DraftCounters fields so far; "

@@ -101,7 +101,7 @@ Acceptance AdaptivePolicy::fast_acceptance() const {
   return {std::clamp(a.first, 0.0, kMaxAcceptance), std::clamp(a.next, 0.0, kMaxAcceptance)};
 }
 
-Acceptance AdaptivePolicy::acceptance_of(const Sequence* seq, Drafting kind) const {
+Acceptance AdaptivePolicy::acceptance_of(const Sequence* seq, Drafting kind, CacheLookup miss) const {
   const Acceptance model = acceptance_of(seq);
   if (kind != Drafting::kTrees) return model;
   // A tree's round is a hit (the draft model's tree: until hits were
@@ -110,7 +110,9 @@ Acceptance AdaptivePolicy::acceptance_of(const Sequence* seq, Drafting kind) con
   // first and second proposals keep their expected gains.
   const Acceptance hit = hit_acceptance(seq);
   const double h = hit_rate();
-  const double fast_share = (fast_misses_ + kPriorWeight * 0.5) / (misses_ + kPriorWeight);
+  double fast_share = (fast_misses_ + kPriorWeight * 0.5) / (misses_ + kPriorWeight);
+  if (miss == CacheLookup::kFastFallback) fast_share = 1.0;
+  if (miss == CacheLookup::kNeuralFallback) fast_share = 0.0;
   const double w_hit = h, w_fast = (1 - h) * fast_share, w_model = (1 - h) * (1 - fast_share);
   const Acceptance fast = fast_acceptance();
   Acceptance mixed;
@@ -143,11 +145,13 @@ void AdaptivePolicy::learn_draft_costs(const DraftCounters& totals) {
     }
     if (fallbacks > 0) fallback_.observe(last_batch_, fallback_s / static_cast<double>(fallbacks));
     if (neural > 0) neural_fallback_.observe(last_batch_, neural_s / static_cast<double>(neural));
+    if (fallbacks > neural)
+      fast_fallback_.observe(last_batch_, (fallback_s - neural_s) / static_cast<double>(fallbacks - neural));
   }
   seen_ = totals;
 }
 
-StepCosts AdaptivePolicy::costs_at(int64_t batch, int64_t rows, Drafting kind) const {
+StepCosts AdaptivePolicy::costs_at(int64_t batch, int64_t rows, Drafting kind, CacheLookup miss) const {
   // Unmeasured parts: a tree sized to one verify (the auto budget's aim), a
   // fallback like an autoregressive step, a draft forward a K-th of one.
   StepCosts c;
@@ -161,8 +165,13 @@ StepCosts AdaptivePolicy::costs_at(int64_t batch, int64_t rows, Drafting kind) c
   if (config_.fanout_budget == 0 && config_.fanout_list.empty())
     c.tree_per_verify = tree_per_verify_.value(kPriorTreePerVerify);
   // Without trees every round drafts with the draft model (ssd_draft_worker).
-  const CostCurve& fallback = kind == Drafting::kMisses ? neural_fallback_ : fallback_;
-  c.fallback = fallback.empty() ? step : fallback.seconds(batch);
+  // A tree's misses: a run of the kind `miss` names (of either kind while
+  // that one was never timed).
+  const CostCurve* fallback = &fallback_;
+  if (kind == Drafting::kMisses || miss == CacheLookup::kNeuralFallback) fallback = &neural_fallback_;
+  if (kind != Drafting::kMisses && miss == CacheLookup::kFastFallback) fallback = &fast_fallback_;
+  if (fallback->empty() && kind != Drafting::kMisses) fallback = &fallback_;
+  c.fallback = fallback->empty() ? step : fallback->seconds(batch);
   c.hit_rate = hit_rate();
   return c;
 }
@@ -205,7 +214,11 @@ void AdaptivePolicy::observe_step(double seconds, bool decode_only) {
   if (!decode_only || e.lookaheads.empty() || !(seconds > 0)) return;
   int64_t rows = 0;
   for (int64_t v : e.lookaheads) rows += 1 + v;
-  const double modelled = step_seconds(e.drafting, e.lookaheads, costs_at(e.batch, rows, e.drafting));
+  // A tree's step is modelled with the runs of the fallback kind that
+  // served its misses (of the kind its plan was priced with if all hit), so
+  // that a change of the worker's kind does not move the step factor.
+  const StepCosts costs = costs_at(e.batch, rows, e.drafting, e.missed == CacheLookup::kNone ? e.priced : e.missed);
+  const double modelled = step_seconds(e.drafting, e.lookaheads, costs);
   if (!(modelled > 0)) return;
   if (e.switching) {
     // A switch's first steps: what they took beyond the model is its cost.
@@ -246,7 +259,7 @@ void AdaptivePolicy::expect_step(const std::vector<Sequence*>& decoding) {
   const int64_t switching = since_switch_ <= kSwitchSteps && ran != Drafting::kNone ? since_switch_ : 0;
   expected_ = {};
   if (planned_ && !started_ && (switching == 0 || (ran != Drafting::kNone && !probed_ && !explored_)))
-    expected_ = {ran, std::move(lookaheads), b, switching, context_};
+    expected_ = {ran, std::move(lookaheads), b, switching, context_, CacheLookup::kNone, trees_miss_};
   started_ = false;
 }
 
@@ -264,14 +277,27 @@ double AdaptivePolicy::switch_seconds(Drafting kind, int64_t b) const {
 
 AdaptivePolicy::Options AdaptivePolicy::evaluate(const std::vector<Sequence*>& decoding, int64_t b) const {
   const int64_t K = config_.k;
-  auto acceptance = [&](Drafting kind) {
+  auto acceptance = [&](Drafting kind, CacheLookup miss = CacheLookup::kNone) {
     std::vector<Acceptance> a;
-    for (const Sequence* seq : decoding) a.push_back(acceptance_of(seq, kind));
+    for (const Sequence* seq : decoding) a.push_back(acceptance_of(seq, kind, miss));
     return a;
   };
   Options o;
   for (Drafting kind : kinds_) {
     StepPlan p = plan_step(kind, acceptance(kind), K, costs_at(b, b * (K + 1), kind));
+    if (kind == Drafting::kTrees) {
+      // With the fallback kind that makes trees faster (the worker's `auto`
+      // choice, by the same speed model, tends to it), or the configured one.
+      for (CacheLookup miss : {CacheLookup::kFastFallback, CacheLookup::kNeuralFallback}) {
+        const bool configured = config_.fallback == (miss == CacheLookup::kFastFallback ? "fast" : "neural");
+        if (config_.fallback != "auto" && !configured) continue;
+        const StepPlan q = plan_step(kind, acceptance(kind, miss), K, costs_at(b, b * (K + 1), kind, miss));
+        if (o.trees_miss == CacheLookup::kNone || q.tokens_per_second() > p.tokens_per_second()) {
+          p = q;
+          o.trees_miss = miss;
+        }
+      }
+    }
     // A plan that verifies no proposal runs an autoregressive step, whatever its kind.
     p.seconds *= step_factor(p.threshold > 1 ? Drafting::kNone : kind, b);
     if (kind == Drafting::kNone) o.none = p;
@@ -384,6 +410,7 @@ void AdaptivePolicy::plan(const std::vector<Sequence*>& decoding, const DraftCou
   ++since_switch_;
   kind_ = chosen.drafting;
   in_force_ = chosen;
+  trees_miss_ = o.trees_miss;
   if (retiming_) in_force_ = o.none;  // for one step: autoregressive rounds, the kind in force stays
   probe_rounds_ = 0;
   probed_ = false;
@@ -410,7 +437,7 @@ void AdaptivePolicy::plan(const std::vector<Sequence*>& decoding, const DraftCou
 
 void AdaptivePolicy::update_gauges(const std::vector<Sequence*>& decoding, const Options& o, const StepPlan& chosen,
                                    const std::vector<Acceptance>& acceptance, int64_t b) {
-  const StepCosts costs = costs_at(b, b * (config_.k + 1), Drafting::kTrees);
+  const StepCosts costs = costs_at(b, b * (config_.k + 1), Drafting::kTrees, trees_miss_);
   double mean = 0, mean_next = 0;
   for (const Acceptance& a : acceptance) {
     mean += a.first / static_cast<double>(b);
@@ -463,7 +490,8 @@ void AdaptivePolicy::assign(Sequence* seq) {
   } else {
     // A probe (a speculative plan while none is in force) speculates for its first rounds only.
     const bool speculates = in_force_.drafting == kind_ || probe_rounds_ > 0;
-    seq->lookahead = speculates ? lookahead_for(acceptance_of(seq, in_force_.drafting), in_force_.threshold, K) : 0;
+    const Acceptance acceptance = acceptance_of(seq, in_force_.drafting, trees_miss_);
+    seq->lookahead = speculates ? lookahead_for(acceptance, in_force_.threshold, K) : 0;
     if (in_force_.drafting != kind_ && probe_rounds_ > 0) --probe_rounds_;
     seq->trees = in_force_.drafting == Drafting::kTrees;
   }
@@ -502,6 +530,7 @@ void AdaptivePolicy::after_round(Sequence* seq, int64_t proposed, int64_t accept
     hits_ = kHitDecay * hits_ + (lookup == CacheLookup::kHit ? 1.0 : 0.0);
     lookups_ = kHitDecay * lookups_ + 1.0;
     if (lookup != CacheLookup::kHit) {
+      if (proposed > 0 && expected_.missed != CacheLookup::kNeuralFallback) expected_.missed = lookup;
       fast_misses_ = kHitDecay * fast_misses_ + (lookup == CacheLookup::kFastFallback ? 1.0 : 0.0);
       misses_ = kHitDecay * misses_ + 1.0;
     }

@@ -24,6 +24,11 @@
 //   steps' seconds beyond the model (the draft catching up on the
 //   sequences it idled for). A switch must win that back within
 //   kSwitchHorizon steps;
+// - a tree's misses by fallback kind: a trees plan is priced with the kind
+//   that makes it faster (the worker's `auto` fallback picks its kind with
+//   the same speed model, and measures the one it tries), and a tree's
+//   step is compared with the model for the kind that served its misses
+//   (the step factor absorbs no change of kind);
 // - acceptance by source: per sequence the draft model's proposals; over
 //   all sequences the model drafting a round, the model's tree on a hit
 //   (kept more often), and the n-gram fallback. A tree's round proposes a
@@ -115,6 +120,7 @@ class AdaptivePolicy {
   /// The plans of one step, one per drafting kind the mode has.
   struct Options {
     StepPlan best, current, none, speculative, misses;
+    CacheLookup trees_miss = CacheLookup::kNone;  // the fallback kind the trees plan was priced with
   };
   /// The rounds a step verifies (their lookaheads are known when it starts),
   /// modelled when the step ends: after its own forward was timed, so a step
@@ -125,6 +131,10 @@ class AdaptivePolicy {
     int64_t batch = 0;
     int64_t switching = 0;  // 1..kSwitchSteps: a switch's first steps (their excess is its cost); 0: not
     double context = 0.0;   // mean KV length of its sequences
+    // trees: how a round it verified that missed the cache was served (kNone:
+    // every round hit; known after its rounds, kNeuralFallback if any was),
+    // and the fallback kind the plan of its rounds was priced with
+    CacheLookup missed = CacheLookup::kNone, priced = CacheLookup::kNone;
   };
 
   struct Tally {
@@ -146,12 +156,14 @@ class AdaptivePolicy {
   /// The n-gram fallback's (over all sequences).
   Acceptance fast_acceptance() const;
   /// What a round of `kind` proposes: the draft model's, or in a tree's
-  /// round a hit's (the draft model's on a hit) or a miss's (the n-gram
-  /// fallback's as often as it served misses, else the draft model's).
-  Acceptance acceptance_of(const Sequence* seq, Drafting kind) const;
+  /// round a hit's (the draft model's on a hit) or a miss's: as `miss`
+  /// serves it (kFastFallback: the n-gram fallback's, kNeuralFallback: the
+  /// draft model's; kNone: each as often as it served misses).
+  Acceptance acceptance_of(const Sequence* seq, Drafting kind, CacheLookup miss = CacheLookup::kNone) const;
   void assign(Sequence* seq);
   void learn_draft_costs(const DraftCounters& totals);
-  StepCosts costs_at(int64_t batch, int64_t rows, Drafting kind) const;
+  /// The step's costs; a tree's misses as `miss` serves them (kNone: a run of either kind).
+  StepCosts costs_at(int64_t batch, int64_t rows, Drafting kind, CacheLookup miss = CacheLookup::kNone) const;
   /// Measured / modelled step seconds of `kind` at batch b (1 until measured).
   double step_factor(Drafting kind, int64_t batch) const;
   /// What step_factor() is pulled towards: the kind's factor over every
@@ -179,7 +191,9 @@ class AdaptivePolicy {
   Ratio contention_, tree_per_verify_;
   bool overlapped_ = false;               // this step's forward runs beside tree building
   double last_overlapped_forward_ = 0.0;  // seconds of the last such forward
-  CostCurve draft_step_, tree_, fallback_, neural_fallback_;  // draft side, by sequences
+  // Draft side, by sequences: a fallback run of either kind, and of each kind.
+  CostCurve draft_step_, tree_, fallback_, neural_fallback_, fast_fallback_;
+  CacheLookup trees_miss_ = CacheLookup::kNone;  // the kind the trees plan in force was priced with
   DraftCounters seen_;  // draft totals at the last plan
   // Measured / modelled step seconds by drafting kind: over every batch, and
   // by batch. What the model leaves out (waits for the draft side, whose

@@ -18,7 +18,7 @@ const char* name_of(FallbackKind kind) { return kind == FallbackKind::kFast ? "f
 
 }  // namespace
 
-Fallback::Fallback(const EngineConfig& config, const FanoutPlanner& planner, PathDecoder& decoder, bool alternate)
+Fallback::Fallback(const EngineConfig& config, const FanoutPlanner& planner, PathDecoder* decoder, bool alternate)
     : config_(config), planner_(planner), decoder_(decoder), alternate_(alternate) {}
 
 FallbackKind Fallback::choose(int64_t batch) {
@@ -72,6 +72,7 @@ void Fallback::draft(FallbackKind kind, SpecSource source, std::vector<DraftSequ
   }
   // The draft catches up on the committed tokens it has no KV for (all of
   // them after a start), then drafts K tokens.
+  if (decoder_ == nullptr) throw std::logic_error("the neural fallback has no draft decoder");
   std::vector<DraftPath> paths;
   for (DraftSequence* s : seqs) {
     if (s->computed >= static_cast<int64_t>(s->tokens.size()))
@@ -79,7 +80,7 @@ void Fallback::draft(FallbackKind kind, SpecSource source, std::vector<DraftSequ
     paths.push_back(DraftPath::sampling(*s, s->table, s->computed,
                                         {s->tokens.begin() + s->computed, s->tokens.end()}, K));
   }
-  decoder_.decode(paths, fanout, DraftForwards::kFallback);
+  decoder_->decode(paths, fanout, DraftForwards::kFallback);
   for (DraftPath& p : paths) {
     DraftSequence* s = p.seq;
     s->computed = static_cast<int64_t>(s->tokens.size()) - 1 + K;
@@ -112,15 +113,20 @@ void Fallback::score_shadows(DraftSequence& s, DraftCounters& counters) {
   }
 }
 
-void Fallback::observe_emitted(SpecSource source, int64_t accepted) {
+void Fallback::observe_emitted(SpecSource source, int64_t accepted, bool tree_round) {
+  // A treeless round drafted with the draft model is no miss (the policy's
+  // calibration round, one after autoregressive steps): counted, one such
+  // round would set the neural kind's estimate, which is only measured again
+  // when it is chosen.
+  if (!tree_round) return;
   const auto emitted = static_cast<double>(accepted + 1);
   if (source == SpecSource::kHit) hit_tokens_ = 0.9 * hit_tokens_ + 0.1 * emitted;
   if (source == SpecSource::kNeural) ema(neural_.tokens, neural_.rounds, emitted);
   if (source == SpecSource::kFast) ema(fast_.tokens, fast_.rounds, emitted);
 }
 
-void Fallback::observe_run(FallbackKind kind, double seconds) {
-  if (verify_s_ <= 0) return;
+void Fallback::observe_run(FallbackKind kind, double seconds, bool tree_round) {
+  if (verify_s_ <= 0 || !tree_round) return;
   KindEstimate& est = of(kind);
   const double time = seconds / verify_s_;
   est.time = est.runs++ == 0 ? time : 0.8 * est.time + 0.2 * time;

@@ -31,7 +31,8 @@ inline SpecSource source_of(FallbackKind kind) {
 class Fallback {
  public:
   /// alternate (TestingConfig::auto_alternate): "auto" takes the kinds in turn.
-  Fallback(const EngineConfig& config, const FanoutPlanner& planner, PathDecoder& decoder, bool alternate = false);
+  /// decoder: the draft model's (null: the neural kind cannot draft; a test of the choice).
+  Fallback(const EngineConfig& config, const FanoutPlanner& planner, PathDecoder* decoder, bool alternate = false);
 
   /// The kind for this round's misses, `batch` outcomes verified together
   /// (logs a switch of kind).
@@ -47,10 +48,14 @@ class Fallback {
 
   void observe_verify(double seconds) { verify_s_ = seconds; }
   /// Tokens a verified speculation from `source` emitted (accepted + bonus).
-  void observe_emitted(SpecSource source, int64_t accepted);
+  /// The estimates are of what answers a tree's miss: a round that asked
+  /// for no tree (tree_round false: the adaptive policy's treeless drafting)
+  /// teaches them nothing.
+  void observe_emitted(SpecSource source, int64_t accepted, bool tree_round);
   void observe_lookup(bool hit) { hit_rate_ = 0.95 * hit_rate_ + 0.05 * (hit ? 1.0 : 0.0); }
-  /// A fallback run's drafting time; a tree's draft time (fork points and branches).
-  void observe_run(FallbackKind kind, double seconds);
+  /// A fallback run's drafting time (as observe_emitted, only a tree
+  /// round's); a tree's draft time (fork points and branches).
+  void observe_run(FallbackKind kind, double seconds, bool tree_round);
   void observe_tree(double seconds);
 
   /// The last verify forward's time (0 before one is known).
@@ -72,7 +77,7 @@ class Fallback {
 
   const EngineConfig& config_;
   const FanoutPlanner& planner_;
-  PathDecoder& decoder_;
+  PathDecoder* decoder_;
   KindEstimate neural_, fast_;
   bool alternate_;
   FallbackKind in_force_ = FallbackKind::kNeural;

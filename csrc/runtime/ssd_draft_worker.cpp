@@ -85,7 +85,7 @@ SsdDraftWorker::SsdDraftWorker(const EngineConfig& config, std::shared_ptr<model
       sequences_(config_.k, *kv_),
       decoder_(config_, *model_, *kv_, *pool_, planner_),
       trees_(config_, *kv_, decoder_, planner_),
-      fallback_(config_, planner_, decoder_, testing_.auto_alternate) {
+      fallback_(config_, planner_, &decoder_, testing_.auto_alternate) {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -269,7 +269,7 @@ void SsdDraftWorker::outcome(DraftSequence& s, const SpecMessage& m, Batch& batc
   const bool asked_tree = s.trees;
   if (speculated) {
     trees_.observe_outcome(s, accepted, m.proposed, m.bonus);
-    fallback_.observe_emitted(s.source, accepted);
+    fallback_.observe_emitted(s.source, accepted, asked_tree);
   }
   sequences_.commit(s, accepted, m.bonus);
   fallback_.score_shadows(s, batch.counters);
@@ -317,7 +317,7 @@ void SsdDraftWorker::answer_misses(Batch& batch) {
     return;
   }
   const double seconds = since(t0);
-  fallback_.observe_run(kind, seconds);
+  fallback_.observe_run(kind, seconds, !treeless);
   batch.counters.fallback_seconds += seconds;
   batch.counters.fallback_batches += 1;
   if (kind == FallbackKind::kNeural) {

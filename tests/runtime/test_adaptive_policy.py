@@ -41,8 +41,8 @@ def forward_seconds(rows, batch, per_row=0.002, base=0.1):
 class Engine:
     """The engine's calls around the policy, at a fixed batch of `batch` sequences."""
 
-    def __init__(self, batch, mode="ssd", prefill_rows=None, prefill_seconds=None):
-        self.policy = _C.testing.PolicyHarness(mode, K, batch)
+    def __init__(self, batch, mode="ssd", prefill_rows=None, prefill_seconds=None, fallback="auto"):
+        self.policy = _C.testing.PolicyHarness(mode, K, batch, fallback)
         self.batch = batch
         rows = batch if prefill_rows is None else prefill_rows
         seconds = forward_seconds(rows, batch) if prefill_seconds is None else prefill_seconds
@@ -50,11 +50,12 @@ class Engine:
         for i in range(batch):
             self.policy.start(i)
 
-    def step(self, kept, lookup_of_tree="hit", extra=None, context=0, forward=None):
+    def step(self, kept, lookup_of_tree="hit", extra=None, context=0, forward=None, draft_totals=None):
         """One step. kept(lookahead, lookup): proposals kept; extra(lookaheads, trees): seconds the step waits more;
-        context: every sequence's KV length (0: unchanged); forward(rows, context): the forward's seconds."""
+        context: every sequence's KV length (0: unchanged); forward(rows, context): the forward's seconds;
+        draft_totals: the draft side's counters so far."""
         p, b = self.policy, self.batch
-        p.plan(context=context)
+        p.plan(draft_totals or {}, context=context)
         lookaheads, trees = p.lookaheads(), p.trees()  # what this step verifies (planned a step ago)
         rows = sum(1 + v for v in lookaheads)
         seconds = forward(rows, context) if forward else forward_seconds(rows, b)
@@ -97,6 +98,37 @@ def test_fallback_proposals_do_not_lower_the_draft_models_estimate():
     assert s["policy_acceptance"] > 0.75 and s["policy_continuation"] > 0.75
     # 30 fallback rounds, none kept, against the prior 0.3 worth 8: under 0.1.
     assert s["policy_fast_acceptance"] < 0.1
+
+
+def draft_side(fast_s, neural_s):
+    """DraftCounters totals after a fallback run of each kind per step: the n-gram kind's `fast_s`, the draft
+    model's `neural_s`."""
+    totals = {"fallback_batches": 0, "fallback_seconds": 0.0,
+              "neural_fallback_batches": 0, "neural_fallback_seconds": 0.0}
+
+    def grow():
+        totals["fallback_batches"] += 2
+        totals["fallback_seconds"] += fast_s + neural_s
+        totals["neural_fallback_batches"] += 1
+        totals["neural_fallback_seconds"] += neural_s
+        return totals
+    return grow
+
+
+@pytest.mark.parametrize("neural_s, priced_s", [(0.011, 0.011), (0.1, 0.01)])
+def test_a_trees_plan_is_priced_with_the_fallback_kind_that_makes_it_faster(neural_s, priced_s):
+    """The worker's auto fallback serves a tree's misses with the n-gram kind (kept less often: its prior 0.3) or
+    the draft model (the model's prior 0.6), whichever its speed model says is faster, and measures the one it
+    tries. Priced at the mean of both kinds' runs, a tree's miss looked as slow as the draft model's runs even where
+    the worker would serve it with the n-gram kind (the policy left trees at batch 2, where fixed ssd served misses
+    with it and was 1.4x autoregressive steps). Here the n-gram run takes 10 ms: with the draft model's at 11 ms its
+    proposals win; at 100 ms (most of a forward) the n-gram kind's speed does."""
+    e = Engine(1)
+    grow = draft_side(0.01, neural_s)
+    for _ in range(10):
+        e.step(every, draft_totals=grow())
+    s = e.policy.stats()
+    assert s["policy_fallback_seconds"] == pytest.approx(priced_s)
 
 
 def test_hits_are_priced_with_what_hits_keep():
@@ -224,10 +256,10 @@ def test_a_speculative_kind_measured_slower_than_autoregressive_steps_is_left_be
 
 
 def switch_cost(stall):
-    """Trees pay while they hit; then every miss is drafted by the n-gram fallback, whose proposals are never
+    """Trees pay while they hit; then every miss is drafted by the n-gram fallback (configured "fast"), whose proposals are never
     kept while the draft model's all still are: drafting without trees (misses) wins, and the policy switches.
     The switch's first two steps wait `stall` seconds more. Returns the switch cost the policy then reports."""
-    engine = Engine(4)
+    engine = Engine(4, fallback="fast")
     s = engine.run(100, every)
     assert s["policy_drafting"] == "trees"
     switches = s["adaptive_switches"]

@@ -198,3 +198,26 @@ def test_calibrated_acceptance_tracks_each_probability_decile():
     assert low == pytest.approx(0.8, abs=0.02)
     assert high == pytest.approx(0.2, abs=0.02)
     assert unseen == pytest.approx(0.7)  # no outcomes yet: the overall prior
+
+
+def test_fallback_choice_learns_only_from_what_answers_a_trees_miss():
+    # k 4, batch 1, verify 0.1 s, a fresh fan-out planner (no draft step timed: the neural kind's prior time is 0),
+    # priors hit rate 0.5, 2 tokens per hit, a tree costing one verify. The speed model's round speed (tokens over
+    # time in verifies): 0.5 * 2 + 0.5 * e_miss over 0.5 + 0.5 * (1 + t_miss).
+    f = _C.testing.FallbackChoice(k=4)
+    f.observe_verify(0.1)
+    for _ in range(4):  # the fast kind first: 4 rounds keeping nothing (1 token each), free
+        f.observe_emitted("fast", 0)
+        f.observe_run("fast", 0.0)
+    assert f.choose(1) == "neural"  # the neural kind's prior, 2.0 / 1.0, against the fast kind's 1.5 / 1.0
+    # The adaptive policy's treeless rounds (drafted by the draft model, the first after autoregressive steps) are
+    # no misses: counted, one would make the neural kind 1.0 / 25.75 for good (it is only measured again when chosen).
+    f.observe_emitted("neural", 0, tree_round=False)
+    f.observe_run("neural", 5.0, tree_round=False)
+    assert f.choose(1) == "neural"
+    # Misses it answered, keeping nothing in 1.5 verifies: 1.0 / 1.75, and the fast kind's 1.5 / 1.0 wins.
+    f.observe_emitted("neural", 0)
+    f.observe_run("neural", 0.15)
+    assert f.choose(1) == "fast"
+    with pytest.raises(ValueError, match="fallback kind"):
+        f.observe_run("ngram", 0.1)

@@ -253,7 +253,7 @@ struct PolicyGauges {
   double policy_verify_seconds = 0.0; ///< the predicted time of the planned step
   double policy_forward_seconds = 0.0;   ///< the target forward estimate at one row per sequence
   double policy_tree_seconds = 0.0;      ///< ssd: a round's tree estimate at this batch
-  double policy_fallback_seconds = 0.0;  ///< ssd: a batch of misses' drafting estimate
+  double policy_fallback_seconds = 0.0;  ///< ssd: a batch of misses' drafting estimate (the kind trees are priced with)
   double policy_draft_seconds = 0.0;     ///< sd: one draft forward's estimate
   double policy_contention = 1.0;        ///< ssd: a target forward's slowdown while the draft builds trees beside it
   double policy_step_factor = 1.0;       ///< measured / modelled step seconds of the kind in force at this batch
