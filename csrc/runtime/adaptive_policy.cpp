@@ -284,13 +284,16 @@ AdaptivePolicy::Options AdaptivePolicy::evaluate(const std::vector<Sequence*>& d
   };
   Options o;
   for (Drafting kind : kinds_) {
-    StepPlan p = plan_step(kind, acceptance(kind), K, costs_at(b, b * (K + 1), kind));
-    if (kind == Drafting::kTrees) {
-      // With the fallback kind that makes trees faster (the worker's `auto`
-      // choice, by the same speed model, tends to it), or the configured one.
+    StepPlan p;
+    if (kind != Drafting::kTrees) {
+      p = plan_step(kind, acceptance(kind), K, costs_at(b, b * (K + 1), kind));
+    } else {
+      // Misses served by the fallback kind that makes trees faster (the
+      // worker's `auto` choice, by the same speed model, tends to it), or by
+      // the configured one.
       for (CacheLookup miss : {CacheLookup::kFastFallback, CacheLookup::kNeuralFallback}) {
-        const bool configured = config_.fallback == (miss == CacheLookup::kFastFallback ? "fast" : "neural");
-        if (config_.fallback != "auto" && !configured) continue;
+        const char* name = miss == CacheLookup::kFastFallback ? "fast" : "neural";
+        if (config_.fallback != "auto" && config_.fallback != name) continue;
         const StepPlan q = plan_step(kind, acceptance(kind, miss), K, costs_at(b, b * (K + 1), kind, miss));
         if (o.trees_miss == CacheLookup::kNone || q.tokens_per_second() > p.tokens_per_second()) {
           p = q;
