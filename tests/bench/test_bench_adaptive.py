@@ -5,7 +5,7 @@ import io
 import pytest
 
 from ssd.bench import adaptive
-from ssd.bench.adaptive import aggregate, check_tokens, grid, parse_args, plan, print_summary, summarize
+from ssd.bench.adaptive import aggregate, check_tokens, grid, parse_args, plan, print_summary, summarize, waves_at
 
 VARIANTS = ["ar", "ar 2thr", "sd", "ssd", "sd adaptive", "ssd adaptive"]
 
@@ -166,9 +166,10 @@ def test_options_defaults_quick_and_overrides():
     args = parse_args([])
     assert (args.batches, args.temperatures, args.datasets) == ([1, 2, 4, 8, 16], [0.0, 1.0], ["humaneval", "mtbench"])
     assert (args.reps, args.max_tokens, args.waves, args.k, args.json, args.plot) == (3, 32, 1, 4, None, None)
+    assert args.min_prompts == 4
     args = parse_args(["--quick"])
-    assert (args.batches, args.temperatures, args.datasets, args.reps, args.max_tokens) == \
-        ([1, 2], [0.0], ["mtbench"], 1, 8)
+    assert (args.batches, args.temperatures, args.datasets, args.reps, args.max_tokens, args.min_prompts) == \
+        ([1, 2], [0.0], ["mtbench"], 1, 8, 1)
     args = parse_args(["--quick", "--datasets", "random", "--batch", "4", "--reps", "2"])
     assert (args.batches, args.datasets, args.reps, args.max_tokens) == ([4], ["random"], 2, 8)
 
@@ -179,6 +180,7 @@ def test_options_defaults_quick_and_overrides():
     (["--temperature", "0,-0.5"], "--temperature: every temperature must be >= 0"),
     (["--datasets", "mtbench,nope"], "--datasets: unknown nope"),
     (["--waves", "0"], "--waves: must be >= 1"),
+    (["--min-prompts", "0"], "--min-prompts: must be >= 1"),
     (["--target", "t"], "--target/--draft: give both"),
     (["--batch", "x"], "expected a comma-separated list of int"),
 ])
@@ -186,6 +188,13 @@ def test_options_rejected(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
         parse_args(argv)
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_small_batches_run_more_waves_to_reach_min_prompts():
+    # batch 1 with 4 prompts at least: 4 waves; batch 3: 2 (6 prompts); a full batch of 4 or more: --waves.
+    assert [waves_at(b, 1, 4) for b in (1, 2, 3, 4, 16)] == [4, 2, 2, 1, 1]
+    assert [waves_at(b, 3, 4) for b in (1, 2, 8)] == [4, 3, 3]
+    assert waves_at(1, 1, 1) == 1
 
 
 def test_registered_as_a_subcommand():

@@ -1,8 +1,10 @@
 """``python -m ssd.bench adaptive``: the engine's adaptive speculation against the fixed modes.
 
 On one pair (default: the constructed regime pair), at every point (dataset,
-temperature, batch) of the grid, with exactly one full batch of prompts per
-wave, six variants run back to back: ar (target on 1 thread), ar on 2 threads
+temperature, batch) of the grid, with one full batch of prompts per wave and
+at least --min-prompts prompts per point (more waves at small batches, where
+one prompt's few seconds of decoding would be the whole measurement), six
+variants run back to back: ar (target on 1 thread), ar on 2 threads
 (reported beside, not a fixed mode below), sd and ssd fixed (adaptive=False),
 and sd and ssd adaptive (adaptive=True, the engine's default). Every variant
 but "ar 2thr" gives the target 1 thread and the draft 1 thread. Repetitions
@@ -47,7 +49,8 @@ MIN_B1_T0_OVER_SSD = 0.97  # batch 1, temperature 0: ssd adaptive / ssd fixed
 MIN_B1_T0_OVER_AR = 1.5  # batch 1, temperature 0: ssd adaptive / ar
 # option -> (default, --quick's); an option given explicitly wins over both.
 DEFAULTS = {"batches": ([1, 2, 4, 8, 16], [1, 2]), "temperatures": ([0.0, 1.0], [0.0]),
-            "datasets": (["humaneval", "mtbench"], ["mtbench"]), "reps": (3, 1), "max_tokens": (32, 8)}
+            "datasets": (["humaneval", "mtbench"], ["mtbench"]), "reps": (3, 1), "max_tokens": (32, 8),
+            "min_prompts": (4, 1)}
 
 
 def _list(kind):
@@ -72,7 +75,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="default 0,1")
     ap.add_argument("--datasets", type=_list(str), metavar="D,...",
                     help=f"default humaneval,mtbench; from {','.join(DATASETS)}")
-    ap.add_argument("--waves", type=int, default=1, help="full batches of prompts per point")
+    ap.add_argument("--waves", type=int, default=1, help="full batches of prompts per point (at least)")
+    ap.add_argument("--min-prompts", type=int, metavar="N",
+                    help="prompts per point at least: a batch below N runs ceil(N / batch) waves (default 4)")
     ap.add_argument("--reps", type=int, help="repetitions, interleaved (default 3)")
     ap.add_argument("--max-tokens", type=int, help="new tokens per prompt (default 32)")
     ap.add_argument("--k", type=int, default=4)
@@ -103,10 +108,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     unknown = [d for d in args.datasets if d not in DATASETS]
     if unknown:
         ap.error(f"--datasets: unknown {','.join(unknown)} (choose from {','.join(DATASETS)})")
-    for name, low in (("reps", 1), ("waves", 1), ("k", 1), ("max_tokens", 2)):
+    for name, low in (("reps", 1), ("waves", 1), ("min_prompts", 1), ("k", 1), ("max_tokens", 2)):
         if getattr(args, name) < low:
             ap.error(f"--{name.replace('_', '-')}: must be >= {low}, got {getattr(args, name)}")
     return args
+
+
+def waves_at(batch: int, waves: int, min_prompts: int) -> int:
+    """Full batches of prompts a point of this batch size runs: --waves, or more to reach min_prompts."""
+    return max(waves, -(-min_prompts // batch))
 
 
 def grid(datasets: list[str], temperatures: list[float], batches: list[int]) -> list[tuple[str, float, int]]:
@@ -250,17 +260,18 @@ def main(argv: list[str]) -> int:
             else {"constructed": False, "target": args.target, "draft": args.draft})
     target, draft = models.load(pair["target"], dtype=torch.float32), models.load(pair["draft"], dtype=torch.float32)
     # One full batch per wave; a dataset's first n prompts are the same for every n, so load the most once.
-    most = max(args.batches) * args.waves
+    most = max(b * waves_at(b, args.waves, args.min_prompts) for b in args.batches)
     prompts = {d: load_prompts(d, most, target.tokenizer, args.seed, target.config.vocab_size) for d in args.datasets}
     runs = []
     for rep, (d, t, b), v in tqdm(plan(grid(args.datasets, args.temperatures, args.batches), args.reps,
                                        args.variants),
                                   desc="adaptive runs"):
         mode, adaptive, threads = VARIANTS[v]
-        cfg = dataclasses.replace(base, num_prompts=b * args.waves)
+        n = b * waves_at(b, args.waves, args.min_prompts)
+        cfg = dataclasses.replace(base, num_prompts=n)
         # The untimed warm-up is one full batch, so every variant's timed run starts warm at its
         # batch (the adaptive policy as it would be after a server's first requests at that load).
-        r = run_engine(target, draft, mode, prompts[d][:b * args.waves], cfg, b, t, threads,
+        r = run_engine(target, draft, mode, prompts[d][:n], cfg, b, t, threads,
                        label=f"{d} T{t:g} B{b} rep{rep} {v}", adaptive=adaptive, warmup_prompts=b,
                        warmup_tokens=args.warmup_tokens, warmup_prompt_len=WARMUP_PROMPT_LEN)
         runs.append({**r, "dataset": d, "variant": v, "rep": rep})
