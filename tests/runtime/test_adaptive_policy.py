@@ -20,7 +20,9 @@ outcomes the behaviour under test depends on:
   often than the draft model's when it drafts a round);
 - what steps cost beyond the model is learnt again at a new context;
 - a speculative kind measured slower than autoregressive steps is left for
-  them without waiting out the dwell.
+  them without waiting out the dwell;
+- the n-gram fallback's proposals after a kept one are priced as kept on
+  (its continuation's prior is not its first proposal's low odds).
 The auto fan-out budget (ssd._C.testing.FanoutPlanner) moves only with a new
 tree's measurement, is per sequence, shrinks in proportion to an overrun,
 and reads a step-time fit through negative seconds at no rows as zero there.

@@ -260,14 +260,15 @@ def main(argv: list[str]) -> int:
             else {"constructed": False, "target": args.target, "draft": args.draft})
     target, draft = models.load(pair["target"], dtype=torch.float32), models.load(pair["draft"], dtype=torch.float32)
     # One full batch per wave; a dataset's first n prompts are the same for every n, so load the most once.
-    most = max(b * waves_at(b, args.waves, args.min_prompts) for b in args.batches)
+    num_prompts = {b: b * waves_at(b, args.waves, args.min_prompts) for b in args.batches}
+    most = max(num_prompts.values())
     prompts = {d: load_prompts(d, most, target.tokenizer, args.seed, target.config.vocab_size) for d in args.datasets}
     runs = []
     for rep, (d, t, b), v in tqdm(plan(grid(args.datasets, args.temperatures, args.batches), args.reps,
                                        args.variants),
                                   desc="adaptive runs"):
         mode, adaptive, threads = VARIANTS[v]
-        n = b * waves_at(b, args.waves, args.min_prompts)
+        n = num_prompts[b]
         cfg = dataclasses.replace(base, num_prompts=n)
         # The untimed warm-up is one full batch, so every variant's timed run starts warm at its
         # batch (the adaptive policy as it would be after a server's first requests at that load).
