@@ -24,8 +24,11 @@ constexpr double kPriorAcceptance = 0.6, kPriorFastAcceptance = 0.3, kPriorFastC
 // sequence's own estimate is pulled towards the batch's with kSequenceWeight.
 constexpr double kPriorWeight = 8.0, kSequenceWeight = 8.0;
 // Autoregressive steps between probes (one sequence speculating in full for
-// a step, re-measuring acceptance), doubling after each probe that confirms them.
-constexpr int64_t kProbeFirst = 64, kProbeMax = 512;
+// a step, two for trees, re-measuring acceptance), doubling after each probe
+// that confirms them. The first comes soon: a kind left after a few unlucky
+// rounds (batch 1, temperature 1: fixed ssd 1.2-1.3x ar) is measured again
+// within the request, at the cost of a sequence's extra rows for two steps.
+constexpr int64_t kProbeFirst = 16, kProbeMax = 512;
 // Verified proposals (decayed) before the policy may stop speculating: until
 // then every round verifies k proposals with the best speculative kind, so
 // the first rounds' luck does not decide.
@@ -425,16 +428,31 @@ void AdaptivePolicy::plan(const std::vector<Sequence*>& decoding, const DraftCou
   probe_rounds_ = 0;
   probed_ = false;
   // Without speculation nothing updates the acceptance estimates: now and
-  // then one sequence speculates in full for a step (the kind in force stays).
-  if (chosen.drafting == Drafting::kNone && timing_rows_ == 0 && o.speculative.drafting != Drafting::kNone &&
-      ++since_speculation_ >= probe_every_) {
+  // then one sequence speculates in full for a step (the kind in force
+  // stays). A probe of trees lasts two steps for the same sequence: its
+  // first round is a miss (no tree was asked for before it), the second
+  // looks up the tree built beside the first.
+  const bool probe_on = chosen.drafting == Drafting::kNone && timing_rows_ == 0 &&
+                        o.speculative.drafting != Drafting::kNone;
+  if (probe_on && probe_steps_left_ > 0) {
+    --probe_steps_left_;
+    in_force_ = probe_plan_;
+    probe_rounds_ = 1;
+    probed_ = true;
+    counters_.adaptive_probe_steps += 1;
+  } else if (probe_on && ++since_speculation_ >= probe_every_) {
     in_force_ = o.speculative;
     in_force_.threshold = 0.0;
+    probe_plan_ = in_force_;
+    probe_steps_left_ = in_force_.drafting == Drafting::kTrees ? 1 : 0;
+    probe_seq_.reset();  // the first sequence assigned
     probe_rounds_ = 1;
     probed_ = true;
     since_speculation_ = 0;
     probe_every_ = std::min(2 * probe_every_, kProbeMax);
     counters_.adaptive_probe_steps += 1;
+  } else {
+    probe_steps_left_ = 0;
   }
   if (chosen.drafting != Drafting::kNone) since_speculation_ = 0;
   planned_ = true;
@@ -487,6 +505,7 @@ void AdaptivePolicy::update_gauges(const std::vector<Sequence*>& decoding, const
 
 void AdaptivePolicy::assign(Sequence* seq) {
   const int64_t K = config_.k;
+  seq->tree_asked = seq->trees && seq->lookahead > 0;  // the round just verified: its tree, if one was built
   if (!forced_.empty()) {
     const auto n = static_cast<uint64_t>(forced_.size());
     seq->lookahead = std::clamp<int64_t>(forced_[(static_cast<uint64_t>(step_) + seq->id) % n], 0, K);
@@ -499,10 +518,14 @@ void AdaptivePolicy::assign(Sequence* seq) {
     seq->trees = false;
   } else {
     // A probe (a speculative plan while none is in force) speculates for its first rounds only.
-    const bool speculates = in_force_.drafting == kind_ || probe_rounds_ > 0;
+    const bool speculates =
+        in_force_.drafting == kind_ || (probe_rounds_ > 0 && (!probe_seq_ || seq->id == *probe_seq_));
     const Acceptance acceptance = acceptance_of(seq, in_force_.drafting, trees_miss_);
     seq->lookahead = speculates ? lookahead_for(acceptance, in_force_.threshold, K) : 0;
-    if (in_force_.drafting != kind_ && probe_rounds_ > 0) --probe_rounds_;
+    if (in_force_.drafting != kind_ && speculates) {
+      --probe_rounds_;
+      probe_seq_ = seq->id;
+    }
     seq->trees = in_force_.drafting == Drafting::kTrees;
   }
   if (enabled_ || !forced_.empty()) {
@@ -534,8 +557,11 @@ void AdaptivePolicy::after_round(Sequence* seq, int64_t proposed, int64_t accept
       (lookup == CacheLookup::kHit ? hit_ : model_).add(first, kept_next, tried_next, kGlobalDecay);
     }
   }
-  // Hit rates (and how misses were served) are learnt from rounds whose tree was asked for.
-  if (seq->trees && (lookup == CacheLookup::kHit || lookup == CacheLookup::kNeuralFallback ||
+  // Hit rates (and how misses were served) are learnt from rounds whose tree
+  // was asked for: one round before (the draft builds it beside that
+  // round's verify). The first round of trees after rounds without is a miss
+  // whatever the text, and says nothing of the hit rate.
+  if (seq->tree_asked && (lookup == CacheLookup::kHit || lookup == CacheLookup::kNeuralFallback ||
                      lookup == CacheLookup::kFastFallback)) {
     hits_ = kHitDecay * hits_ + (lookup == CacheLookup::kHit ? 1.0 : 0.0);
     lookups_ = kHitDecay * lookups_ + 1.0;

@@ -57,6 +57,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "scheduler.h"
@@ -218,11 +219,14 @@ class AdaptivePolicy {
   Tally model_, hit_, fast_;
   double hits_ = 0.0, lookups_ = 0.0;
   double fast_misses_ = 0.0, misses_ = 0.0;  // misses served by the n-gram fallback / all misses (decayed)
-  StepPlan in_force_;                // what this step's outcomes open (a probe's plan, for one step)
+  StepPlan in_force_;                // what this step's outcomes open (a probe's plan, for its steps)
   int64_t probe_rounds_ = 0;         // rounds of a probe still to assign (a probe speculates for one sequence)
+  int64_t probe_steps_left_ = 0;     // steps the probe under way goes on for (a probe of trees: one more)
+  StepPlan probe_plan_;              // the plan of the probe under way
+  std::optional<RequestId> probe_seq_;  // the sequence the probe under way speculates for (none: the first assigned)
   Drafting kind_ = Drafting::kNone;  // the drafting kind in force
   int64_t since_speculation_ = 0;    // autoregressive steps since one speculated
-  int64_t probe_every_ = 64;
+  int64_t probe_every_ = 16;
   bool planned_ = false;
   bool explored_ = false;  // the last plan was a timing or warming step
   int64_t since_switch_ = 0;

@@ -35,6 +35,9 @@ struct Sequence {
   // verifies, and its acceptance estimate.
   int64_t lookahead = 0;        ///< proposals the next round verifies (0: an autoregressive step)
   bool trees = true;            ///< ssd: the draft builds a tree for the next round's outcomes
+  /// ssd: the round before this one asked for a tree and speculated, so the
+  /// draft built a tree beside it: only then can this round's lookup hit.
+  bool tree_asked = false;
   /// Recent rounds (decayed): first proposals kept / verified, and later
   /// proposals (each after a kept one) kept / verified.
   double kept = 0.0, tried = 0.0, kept_next = 0.0, tried_next = 0.0;

@@ -4,7 +4,8 @@ The harness plays the engine around the policy without models: each step it
 plans, reports a forward over the rows the verified rounds have (a forward
 that costs `base + per_row * (rows - batch)` seconds), each round's outcome
 (how many proposals were kept, and whether the tree hit or a fallback drafted
-the round) and the step's seconds. So each test sets exactly the timings and
+the round; a round can hit only after one that asked for a tree) and the
+step's seconds. So each test sets exactly the timings and
 outcomes the behaviour under test depends on:
 - the n-gram fallback's proposals get their own acceptance estimate: rounds
   it drafted do not lower the draft model's;
@@ -22,7 +23,9 @@ outcomes the behaviour under test depends on:
 - a speculative kind measured slower than autoregressive steps is left for
   them without waiting out the dwell;
 - the n-gram fallback's proposals after a kept one are priced as kept on
-  (its continuation's prior is not its first proposal's low odds).
+  (its continuation's prior is not its first proposal's low odds);
+- a probe of trees lasts two rounds of one sequence, so its second looks up a
+  tree, and the first (a miss whatever the text) is not counted as a miss.
 The auto fan-out budget (ssd._C.testing.FanoutPlanner) moves only with a new
 tree's measurement, is per sequence, shrinks in proportion to an overrun,
 and reads a step-time fit through negative seconds at no rows as zero there.
@@ -51,11 +54,15 @@ class Engine:
         self.policy.observe_forward(rows, seconds)  # the prefill's last chunk
         for i in range(batch):
             self.policy.start(i)
+        # Per sequence: its last round asked for a tree and speculated, so the draft built one beside it.
+        self.tree_built = [False] * batch
 
     def step(self, kept, lookup_of_tree="hit", extra=None, context=0, forward=None, draft_totals=None):
-        """One step. kept(lookahead, lookup): proposals kept; extra(lookaheads, trees): seconds the step waits more;
-        context: every sequence's KV length (0: unchanged); forward(rows, context): the forward's seconds;
-        draft_totals: the draft side's counters so far."""
+        """One step. kept(lookahead, lookup): proposals kept; lookup_of_tree: what a round whose tree was built
+        looks up (a round after one without a tree is drafted by the draft model, "neural", unless lookup_of_tree
+        names a fallback); extra(lookaheads, trees): seconds the step waits more; context: every sequence's KV
+        length (0: unchanged); forward(rows, context): the forward's seconds; draft_totals: the draft side's
+        counters so far."""
         p, b = self.policy, self.batch
         p.plan(draft_totals or {}, context=context)
         lookaheads, trees = p.lookaheads(), p.trees()  # what this step verifies (planned a step ago)
@@ -63,8 +70,10 @@ class Engine:
         seconds = forward(rows, context) if forward else forward_seconds(rows, b)
         p.observe_forward(rows, seconds)
         for i, (v, tree) in enumerate(zip(lookaheads, trees)):
-            lookup = "none" if v == 0 else (lookup_of_tree if tree else "neural")
+            miss = "neural" if lookup_of_tree == "hit" else lookup_of_tree
+            lookup = "none" if v == 0 else (lookup_of_tree if self.tree_built[i] else miss)
             p.after_round(i, v, kept(v, lookup), lookup)
+            self.tree_built[i] = tree and v > 0
         p.observe_step(seconds + (extra(lookaheads, trees) if extra else 0.0))
         return lookaheads
 
@@ -199,8 +208,30 @@ def test_probes_go_on_when_the_plan_verifies_nothing():
     probes = s["adaptive_probe_steps"]
     s = engine.run(400, none_kept)  # nothing kept any more: the plan shrinks to no proposal
     assert s["policy_drafting"] == "none"
-    # Autoregressive steps probe after 64, then 128 more (then 256): the estimates stay alive.
+    # Autoregressive steps probe after 16, then 32 more (then 64, 128, ...): the estimates stay alive.
     assert s["adaptive_probe_steps"] - probes >= 2
+
+
+def test_a_probe_of_trees_looks_up_a_tree_and_its_first_round_is_no_miss():
+    """A round can hit only if the round before it asked for a tree (the draft builds it beside that round's
+    verify). Trees hit throughout, keeping every proposal; then nothing is kept, on hits too, and the plan leaves
+    for autoregressive steps, which probe now and then. A probe's first round follows rounds without trees: a
+    miss whatever the text. Before, a probe was that one round, so probes never looked up a tree, and it was
+    counted as a miss: the hit rate learnt from probes only fell. Now a probe of trees is two rounds of one
+    sequence, the second a lookup, and only that one is counted."""
+    engine = Engine(1)
+    forward = lambda rows, context: forward_seconds(rows, 1, per_row=0.02)  # four proposals: 1.8x one row
+    engine.run(100, every, forward=forward)
+    s = engine.policy.stats()
+    assert s["policy_drafting"] == "trees" and s["policy_hit_rate"] > 0.8
+    lookups = []
+    kept = lambda v, lookup: lookups.append(lookup) or 0
+    s = engine.run(300, kept, forward=forward)
+    assert s["policy_drafting"] == "none" and s["adaptive_ar_steps"] > 250
+    # The probes' second rounds hit (the hits before the plan left trees are the first few).
+    assert "hit" in lookups[lookups.index("none"):]
+    # The hit rate is as before: a probe's first round is no evidence of a miss.
+    assert s["policy_hit_rate"] > 0.8
 
 
 def test_autoregressive_steps_cost_beyond_the_forward_is_measured_from_the_timing_step():
@@ -280,7 +311,10 @@ def test_a_speculative_kind_measured_slower_than_autoregressive_steps_is_left_be
     speculative = [any(engine.step(lambda v, lookup: min(v, 2), extra=wait)) for _ in range(60)]
     s = engine.policy.stats()
     assert s["policy_drafting"] == "none" and s["adaptive_tree_steps"] >= 3  # trees were tried, and left
-    assert sum(speculative[3:]) <= 6  # after the timing steps: 16 with the dwell
+    # After the timing steps each kind tried is left within 5 steps (its two switch steps, two compared, the
+    # step planned before leaving): 8 or more with the dwell. Probes are runs of two steps.
+    runs = "".join("s" if x else "." for x in speculative[3:]).split(".")
+    assert 0 < max(len(r) for r in runs) <= 5
 
 
 def switch_cost(stall):
