@@ -25,10 +25,10 @@ constexpr double kPriorAcceptance = 0.6, kPriorFastAcceptance = 0.3, kPriorFastC
 constexpr double kPriorWeight = 8.0, kSequenceWeight = 8.0;
 // Autoregressive steps between probes (one sequence speculating in full for
 // a step, two for trees, re-measuring acceptance), doubling after each probe
-// that confirms them. The first comes soon: a kind left after a few unlucky
-// rounds (batch 1, temperature 1: fixed ssd 1.2-1.3x ar) is measured again
-// within the request, at the cost of a sequence's extra rows for two steps.
-constexpr int64_t kProbeFirst = 16, kProbeMax = 512;
+// that confirms them. Not sooner: with the first after 16, probes at batch
+// 8-16 measured hits that priced trees above autoregressive steps, and the
+// policy switched to them for 4-13 of 33 steps (0.91-0.93x ar at batch 16).
+constexpr int64_t kProbeFirst = 64, kProbeMax = 512;
 // Verified proposals (decayed) before the policy may stop speculating: until
 // then every round verifies k proposals with the best speculative kind, so
 // the first rounds' luck does not decide.

@@ -226,7 +226,7 @@ class AdaptivePolicy {
   std::optional<RequestId> probe_seq_;  // the sequence the probe under way speculates for (none: the first assigned)
   Drafting kind_ = Drafting::kNone;  // the drafting kind in force
   int64_t since_speculation_ = 0;    // autoregressive steps since one speculated
-  int64_t probe_every_ = 16;
+  int64_t probe_every_ = 64;
   bool planned_ = false;
   bool explored_ = false;  // the last plan was a timing or warming step
   int64_t since_switch_ = 0;

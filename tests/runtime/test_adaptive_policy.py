@@ -208,7 +208,7 @@ def test_probes_go_on_when_the_plan_verifies_nothing():
     probes = s["adaptive_probe_steps"]
     s = engine.run(400, none_kept)  # nothing kept any more: the plan shrinks to no proposal
     assert s["policy_drafting"] == "none"
-    # Autoregressive steps probe after 16, then 32 more (then 64, 128, ...): the estimates stay alive.
+    # Autoregressive steps probe after 64, then 128 more (then 256): the estimates stay alive.
     assert s["adaptive_probe_steps"] - probes >= 2
 
 
