@@ -227,7 +227,13 @@ void AdaptivePolicy::observe_step(double seconds, bool decode_only) {
   // A tree's step is modelled with the runs of the fallback kind that
   // served its misses (of the kind its plan was priced with if all hit), so
   // that a change of the worker's kind does not move the step factor.
-  const StepCosts costs = costs_at(e.batch, rows, e.drafting, e.missed == CacheLookup::kNone ? e.priced : e.missed);
+  StepCosts costs = costs_at(e.batch, rows, e.drafting, e.missed == CacheLookup::kNone ? e.priced : e.missed);
+  // Past a switch's first steps (whose first round misses whatever the
+  // text: part of the switch's cost), with its lookups as they fell: the
+  // fallback ran in full or not at all. The step factor is the model's error
+  // in costs, not one step's luck in lookups: priced at the mean hit rate,
+  // a step whose round missed measured 1.3 and one that hit 1.05 (batch 1).
+  if (!e.switching) costs.hit_rate = e.missed == CacheLookup::kNone ? 1.0 : 0.0;
   const double modelled = step_seconds(e.drafting, e.lookaheads, costs);
   if (!(modelled > 0)) return;
   if (e.switching) {
@@ -268,7 +274,10 @@ void AdaptivePolicy::expect_step(const std::vector<Sequence*>& decoding) {
   if (since_switch_ == 1) switch_excess_ = 0.0;
   const int64_t switching = since_switch_ <= kSwitchSteps && ran != Drafting::kNone ? since_switch_ : 0;
   expected_ = {};
-  if (planned_ && !started_ && (switching == 0 || (ran != Drafting::kNone && !probed_ && !explored_)))
+  // A probe's steps are not compared either: one sequence drafts after
+  // autoregressive rounds (the draft catches up, its first round misses),
+  // which no step of the kind in force pays.
+  if (planned_ && !started_ && !probed_ && (switching == 0 || (ran != Drafting::kNone && !explored_)))
     expected_ = {ran, std::move(lookaheads), b, switching, context_, CacheLookup::kNone, trees_miss_};
   started_ = false;
 }
@@ -368,10 +377,21 @@ StepPlan AdaptivePolicy::choose(const Options& o, int64_t b, const std::vector<A
   } else if (measured && since_switch_ < kDwellSteps &&
              none > o.current.tokens_per_second() * (1 + kHysteresis)) {
     chosen = o.none;  // a speculative kind measured slower than the baseline: back to it before the dwell
-  } else if (!planned_ || explored_ ||
-             (o.best.drafting != kind_ && since_switch_ >= kDwellSteps &&
-              o.best.tokens_per_second() > o.current.tokens_per_second() * (1 + kHysteresis) &&
-              pays_back(o.best, o.current, b))) {
+  } else if (!planned_ || explored_) {
+    // After the policy's own timing and warming plans: the best kind, if it
+    // beats autoregressive steps and a speculative kind in force by the
+    // hysteresis. Without it, the timing steps of a run's tail (a shrinking
+    // batch) handed the next run's first plan at batch 8 to trees 0.2 % above
+    // autoregressive steps, and two switches cost the run 10 %.
+    const double best = o.best.tokens_per_second();
+    chosen = o.best;
+    if (chosen.drafting != Drafting::kNone && best < none * (1 + kHysteresis)) chosen = o.none;
+    else if (chosen.drafting != kind_ && o.current.drafting != Drafting::kNone &&
+             best < o.current.tokens_per_second() * (1 + kHysteresis))
+      chosen = o.current;
+  } else if (o.best.drafting != kind_ && since_switch_ >= kDwellSteps &&
+             o.best.tokens_per_second() > o.current.tokens_per_second() * (1 + kHysteresis) &&
+             pays_back(o.best, o.current, b)) {
     chosen = o.best;
   }
   explored_ = explore || calibrate || warming;
@@ -561,12 +581,13 @@ void AdaptivePolicy::after_round(Sequence* seq, int64_t proposed, int64_t accept
   // was asked for: one round before (the draft builds it beside that
   // round's verify). The first round of trees after rounds without is a miss
   // whatever the text, and says nothing of the hit rate.
-  if (seq->tree_asked && (lookup == CacheLookup::kHit || lookup == CacheLookup::kNeuralFallback ||
-                     lookup == CacheLookup::kFastFallback)) {
+  const bool missed = lookup == CacheLookup::kNeuralFallback || lookup == CacheLookup::kFastFallback;
+  // Any round's miss ran the fallback: the step is modelled with it (observe_step).
+  if (missed && proposed > 0 && expected_.missed != CacheLookup::kNeuralFallback) expected_.missed = lookup;
+  if (seq->tree_asked && (lookup == CacheLookup::kHit || missed)) {
     hits_ = kHitDecay * hits_ + (lookup == CacheLookup::kHit ? 1.0 : 0.0);
     lookups_ = kHitDecay * lookups_ + 1.0;
     if (lookup != CacheLookup::kHit) {
-      if (proposed > 0 && expected_.missed != CacheLookup::kNeuralFallback) expected_.missed = lookup;
       fast_misses_ = kHitDecay * fast_misses_ + (lookup == CacheLookup::kFastFallback ? 1.0 : 0.0);
       misses_ = kHitDecay * misses_ + 1.0;
     }
