@@ -99,8 +99,15 @@ StepPlan AdaptivePolicy::choose(const Options& o, int64_t b, const std::vector<A
               !forward_.measured_near(b, context_);
   timing_rows_ = explore || retiming_ ? b : calibrate ? full : 0;
   // Only the draft model's proposals count: they are what every speculative kind's estimates start from.
-  const bool warming =
-      model_.trials() + hit_.trials() < kWarmupTrials && o.speculative.drafting != Drafting::kNone;
+  // The warm-up also goes on until the kind it warms had a step compared
+  // with the model (its first kSwitchSteps are not): at batch 8 sixteen
+  // trials took two steps, trees' step factor there was never measured, and
+  // the timed run switched to trees priced at autoregressive steps' factor
+  // (1.03; a tree step measured twice what the model said) for 3-5 steps.
+  const bool unmeasured = warming_ && kind_ == o.speculative.drafting && measured_since_switch_ == 0 &&
+                          since_switch_ <= kSwitchSteps + 1;
+  const bool warming = (model_.trials() + hit_.trials() < kWarmupTrials || unmeasured) &&
+                       o.speculative.drafting != Drafting::kNone;
   StepPlan chosen = o.current;
   const bool hold = holding_;
   holding_ = retiming_;
@@ -134,6 +141,7 @@ StepPlan AdaptivePolicy::choose(const Options& o, int64_t b, const std::vector<A
     chosen = o.best;
   }
   explored_ = explore || calibrate || warming;
+  warming_ = warming && !explore && !retiming_ && !hold && !calibrate;
   if (planned_ && chosen.drafting != kind_) {
     counters_.adaptive_switches += 1;
     since_switch_ = 0;

@@ -229,6 +229,7 @@ class AdaptivePolicy {
   int64_t probe_every_ = 64;
   bool planned_ = false;
   bool explored_ = false;  // the last plan was a timing or warming step
+  bool warming_ = false;   // ... a warming step
   int64_t since_switch_ = 0;
   int64_t measured_since_switch_ = 0;  // steps of the kind in force compared with the model since it came in
   int64_t step_ = 0;
