@@ -111,6 +111,7 @@ StepPlan AdaptivePolicy::choose(const Options& o, int64_t b, const std::vector<A
   StepPlan chosen = o.current;
   const bool hold = holding_;
   holding_ = retiming_;
+  warming_ = false;  // set by the warming plan below, if it is the one taken
   if (explore) {
     chosen = o.none;
   } else if (retiming_ || hold) {
@@ -118,6 +119,7 @@ StepPlan AdaptivePolicy::choose(const Options& o, int64_t b, const std::vector<A
   } else if (calibrate) {
     chosen = o.misses;
   } else if (warming) {
+    warming_ = true;
     chosen = o.speculative;
     chosen.threshold = 0.0;  // every proposal: the fixed mode's rounds
   } else if (measured && since_switch_ < kDwellSteps &&
@@ -141,7 +143,6 @@ StepPlan AdaptivePolicy::choose(const Options& o, int64_t b, const std::vector<A
     chosen = o.best;
   }
   explored_ = explore || calibrate || warming;
-  warming_ = warming && !explore && !retiming_ && !hold && !calibrate;
   if (planned_ && chosen.drafting != kind_) {
     counters_.adaptive_switches += 1;
     since_switch_ = 0;
