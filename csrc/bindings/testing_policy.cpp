@@ -51,12 +51,8 @@ class PolicyHarness {
   }
 
   void start(int64_t i) { policy_.first_round(&seq(i)); }
-  void plan(const py::dict& draft_totals, int64_t context, int64_t batch) {
+  void plan(const py::dict& draft_totals, int64_t context) {
     if (context < 0) throw std::invalid_argument("context must be >= 0, got " + std::to_string(context));
-    const auto all = static_cast<int64_t>(seqs_.size());
-    if (batch == 0 || batch < -1 || batch > all)
-      throw std::invalid_argument("batch must be -1 (all) or in [1, " + std::to_string(all) + "], got " +
-                                  std::to_string(batch));
     if (context > 0)
       for (auto& s : seqs_) s.num_computed = context;
     DraftCounters totals;
@@ -65,7 +61,7 @@ class PolicyHarness {
       if (draft_totals.contains(name)) totals.*member = draft_totals[name].cast<Field>();
     });
     std::vector<runtime::Sequence*> decoding;
-    for (int64_t i = 0; i < (batch < 0 ? all : batch); ++i) decoding.push_back(&seqs_[static_cast<size_t>(i)]);
+    for (auto& s : seqs_) decoding.push_back(&s);
     policy_.plan(decoding, totals);
   }
   void observe_forward(int64_t rows, double seconds, double draft_busy) {
@@ -116,10 +112,8 @@ void bind_testing_policy(py::module_& m) {
            py::arg("batch"), py::arg("fallback") = "auto")
       .def("start", &PolicyHarness::start, py::arg("i"), "Sequence i's prefill is done: its first round is set.")
       .def("plan", &PolicyHarness::plan, py::arg("draft_totals") = py::dict(), py::arg("context") = 0,
-           py::arg("batch") = -1,
            "A step begins: plans the rounds its outcomes open. draft_totals: DraftCounters fields so far; "
-           "context: when > 0, every sequence's KV length (num_computed) from now on; batch: the first `batch` "
-           "sequences decode this step (-1: all; the others have finished).")
+           "context: when > 0, every sequence's KV length (num_computed) from now on.")
       .def("observe_forward", &PolicyHarness::observe_forward, py::arg("rows"), py::arg("seconds"),
            py::arg("draft_busy") = 0.0)
       .def("observe_step", &PolicyHarness::observe_step, py::arg("seconds"), py::arg("decode_only") = true)

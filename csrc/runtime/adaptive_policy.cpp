@@ -131,19 +131,12 @@ StepPlan AdaptivePolicy::choose(const Options& o, int64_t b, const std::vector<A
     // hysteresis. Without it, the timing steps of a run's tail (a shrinking
     // batch) handed the next run's first plan at batch 8 to trees 0.2 % above
     // autoregressive steps, and two switches cost the run 10 %.
-    // From autoregressive steps, a speculative kind must also win back its
-    // switch's cost, as after the dwell: the timed run's first plan at batch
-    // 4 (its sequences just prefilled, after the warm-up's timing steps at
-    // batch 1) took trees predicted 7 % above autoregressive steps, and their
-    // first steps (rounds that miss, the draft's first trees) cost the run 4-7 %.
     const double best = o.best.tokens_per_second();
     chosen = o.best;
     if (chosen.drafting != Drafting::kNone && best < none * (1 + kHysteresis)) chosen = o.none;
     else if (chosen.drafting != kind_ && o.current.drafting != Drafting::kNone &&
              best < o.current.tokens_per_second() * (1 + kHysteresis))
       chosen = o.current;
-    else if (kind_ == Drafting::kNone && chosen.drafting != Drafting::kNone && !pays_back(chosen, o.none, b))
-      chosen = o.none;
   } else if (o.best.drafting != kind_ && since_switch_ >= kDwellSteps &&
              o.best.tokens_per_second() > o.current.tokens_per_second() * (1 + kHysteresis) &&
              pays_back(o.best, o.current, b)) {

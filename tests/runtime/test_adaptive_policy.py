@@ -31,9 +31,7 @@ outcomes the behaviour under test depends on:
 - a step is compared with the model at its lookups as they fell, not at the
   mean hit rate;
 - after the policy's own timing and warming plans, a speculative kind is
-  taken only if it beats autoregressive steps by the hysteresis, and, from
-  autoregressive steps, only if it wins back the switch's cost (as after the
-  dwell);
+  taken only if it beats autoregressive steps by the hysteresis;
 - the warm-up goes on until a step of the kind it warms was compared with
   the model.
 The auto fan-out budget (ssd._C.testing.FanoutPlanner) moves only with a new
@@ -73,23 +71,17 @@ class Engine:
         # Per sequence: its last round asked for a tree and speculated, so the draft built one beside it.
         self.tree_built = [False] * batch
 
-    def restart(self):
-        """Every sequence finished and a new one took its place: its prefill is done, its first round is set."""
-        for i in range(self.batch):
-            self.policy.start(i)
-        self.tree_built = [False] * self.batch
-
-    def step(self, kept, lookup_of_tree="hit", extra=None, context=0, forward=None, draft_totals=None, batch=None):
+    def step(self, kept, lookup_of_tree="hit", extra=None, context=0, forward=None, draft_totals=None):
         """One step. kept(lookahead, lookup): proposals kept; lookup_of_tree: what a round whose tree was built
         looks up (a round after one without a tree is drafted by the draft model, "neural", unless lookup_of_tree
         names a fallback); extra(lookaheads, trees): seconds the step waits more; context: every sequence's KV
         length (0: unchanged); forward(rows, context): the forward's seconds; draft_totals: the draft side's
-        counters so far; batch: only the first `batch` sequences decode (None: all)."""
-        p, b = self.policy, self.batch if batch is None else batch
+        counters so far."""
+        p, b = self.policy, self.batch
         if draft_totals is None and self.fallback_seconds is not None:
             draft_totals = dict(self.totals)
-        p.plan(draft_totals or {}, context=context, batch=b)
-        lookaheads, trees = p.lookaheads()[:b], p.trees()[:b]  # what this step verifies (planned a step ago)
+        p.plan(draft_totals or {}, context=context)
+        lookaheads, trees = p.lookaheads(), p.trees()  # what this step verifies (planned a step ago)
         rows = sum(1 + v for v in lookaheads)
         seconds = forward(rows, context) if forward else forward_seconds(rows, b)
         p.observe_forward(rows, seconds)
@@ -516,36 +508,3 @@ def test_the_warm_up_goes_on_until_a_step_of_the_kind_it_warms_was_compared():
     s, edge = warm_up(1.0)
     assert s["adaptive_tree_steps"] >= 3  # two switch steps and a compared one
     assert s["policy_drafting"] == "none" and edge == 1.0  # the best kind is autoregressive steps
-
-
-def test_from_autoregressive_steps_a_timing_plans_successor_takes_trees_only_if_they_pay_back_the_switch():
-    """At batch 4 trees stay in force; the batch drains to one sequence (a step that times the forward of one row,
-    which puts autoregressive steps in force) and four new sequences start. The plan after a timing step took the
-    best kind by the hysteresis alone: trees predicted 8 % above autoregressive steps were switched to at once
-    (in the engine, the timed run's first plan at batch 4, MT-bench T 1, 7 % ahead: their first steps, rounds
-    that miss and the draft's first trees, cost the run 4-7 %), where a plan after the dwell would have asked
-    them to win back the switch's cost too. Now the plan after a timing step asks it as well; a gain that pays
-    back the switch (every first proposal kept) still switches at once."""
-    def drain_and_restart(kept_every):
-        e = Engine(4, fallback_seconds=0.04)
-        forward = lambda rows, context: 0.1 + 0.0035 * rows
-        n = [0]
-
-        def kept(v, lookup):  # the first proposal of every kept_every-th round
-            n[0] += 1
-            return min(v, 1) if n[0] % kept_every == 0 else 0
-
-        s = e.run(30, kept, forward=forward)
-        assert s["policy_drafting"] == "trees"  # the premise: trees in force before the batch drains
-        s = e.run(1, kept, forward=forward, batch=1)
-        assert s["policy_drafting"] == "none"  # the timing step
-        e.restart()
-        e.step(kept, forward=forward)
-        s = e.policy.stats()
-        return s["policy_drafting"], s["policy_tok_s_best"] / s["policy_tok_s_ar"]
-
-    kind, edge = drain_and_restart(2)
-    assert 1.05 < edge < 1.12  # the premise: trees above autoregressive steps by more than the hysteresis
-    assert kind == "none"
-    kind, edge = drain_and_restart(1)
-    assert edge > 1.3 and kind == "trees"
