@@ -40,7 +40,6 @@ PROG = f"{BENCH_PROG} adaptive"
 VARIANTS = {"ar": ("ar", None, 1), "ar 2thr": ("ar", None, 2), "sd": ("sd", False, 1), "ssd": ("ssd", False, 1),
             "sd adaptive": ("sd", True, 1), "ssd adaptive": ("ssd", True, 1)}
 FIXED = ("ar", "sd", "ssd")  # the fixed modes on the 1-thread target, over which best_fixed is taken
-WARMUP_PROMPT_LEN = 16  # the warm-up batch's prompts are cut to this many tokens (a cheap prefill)
 # The criteria, in one place.
 MIN_RATIO = 0.90  # ssd adaptive / best fixed, at every point
 MIN_RATIO_SPREAD = 0.95  # ... where the fixed modes differ by more than SPREAD
@@ -259,10 +258,12 @@ def main(argv: list[str]) -> int:
     pair = (constructed_pair(base.regime_acceptance, base.regime_cost_ratio) if args.target is None
             else {"constructed": False, "target": args.target, "draft": args.draft})
     target, draft = models.load(pair["target"], dtype=torch.float32), models.load(pair["draft"], dtype=torch.float32)
-    # One full batch per wave; a dataset's first n prompts are the same for every n, so load the most once.
+    # One full batch per wave; a dataset's first n prompts are the same for every n, so load the most once,
+    # and after them the warm-up's: prompts of the same kind and length that no timed run decodes.
     num_prompts = {b: b * waves_at(b, args.waves, args.min_prompts) for b in args.batches}
     most = max(num_prompts.values())
-    prompts = {d: load_prompts(d, most, target.tokenizer, args.seed, target.config.vocab_size) for d in args.datasets}
+    prompts = {d: load_prompts(d, most + max(args.batches), target.tokenizer, args.seed, target.config.vocab_size)
+               for d in args.datasets}
     runs = []
     for rep, (d, t, b), v in tqdm(plan(grid(args.datasets, args.temperatures, args.batches), args.reps,
                                        args.variants),
@@ -270,11 +271,12 @@ def main(argv: list[str]) -> int:
         mode, adaptive, threads = VARIANTS[v]
         n = num_prompts[b]
         cfg = dataclasses.replace(base, num_prompts=n)
-        # The untimed warm-up is one full batch, so every variant's timed run starts warm at its
-        # batch (the adaptive policy as it would be after a server's first requests at that load).
+        # The untimed warm-up is one full batch of full-length prompts the timed run does not decode,
+        # so every variant's timed run starts warm at its batch and context (the adaptive policy as it
+        # would be after a server's first requests at that load).
         r = run_engine(target, draft, mode, prompts[d][:n], cfg, b, t, threads,
-                       label=f"{d} T{t:g} B{b} rep{rep} {v}", adaptive=adaptive, warmup_prompts=b,
-                       warmup_tokens=args.warmup_tokens, warmup_prompt_len=WARMUP_PROMPT_LEN)
+                       label=f"{d} T{t:g} B{b} rep{rep} {v}", adaptive=adaptive,
+                       warmup_set=prompts[d][most:most + b], warmup_tokens=args.warmup_tokens)
         runs.append({**r, "dataset": d, "variant": v, "rep": rep})
     check_tokens(runs)
     entries = aggregate(runs)

@@ -113,12 +113,12 @@ def load_prompts(dataset: str, n: int, tokenizer, seed: int, vocab: int) -> list
 
 def run_engine(target, draft, mode: str, prompts: list, cfg: BenchConfig, batch: int, temperature: float,
                target_threads: int, label: str, adaptive: bool | None = None, warmup_prompts: int = 1,
-               warmup_tokens: int = 8, warmup_prompt_len: int | None = None) -> dict:
+               warmup_tokens: int = 8, warmup_set: list | None = None) -> dict:
     """One mode over the prompts in groups of `batch`; returns the run's measurements.
 
-    The untimed warm-up generates warmup_tokens for the first warmup_prompts prompts (first-use costs,
-    page faults; and the adaptive policy's first measurements at that batch), each prompt cut to its first
-    warmup_prompt_len tokens when given (a cheaper prefill).
+    The untimed warm-up generates warmup_tokens for the prompts of warmup_set, else for the first
+    warmup_prompts prompts (first-use costs, page faults; and the adaptive policy's first measurements at
+    that batch).
 
     adaptive: EngineConfig.adaptive for sd and ssd; None leaves the engine's default (and is what the
     result's "adaptive" records then, as for ar, which never speculates).
@@ -137,7 +137,7 @@ def run_engine(target, draft, mode: str, prompts: list, cfg: BenchConfig, batch:
         def params(i, n=cfg.max_tokens):
             return SamplingParams(temperature=temperature, max_tokens=n, ignore_eos=True, seed=cfg.seed + i)
 
-        warm = [p[:warmup_prompt_len] for p in prompts[:warmup_prompts]]
+        warm = list(warmup_set) if warmup_set is not None else prompts[:warmup_prompts]
         llm.generate(warm, [params(10_000 + i, warmup_tokens) for i in range(len(warm))])  # untimed
         before = llm.stats()
         decode_s = wall_s = 0.0
