@@ -132,7 +132,7 @@ void AdaptivePolicy::learn_draft_costs(const DraftCounters& totals) {
       const double tree_s = draft_s / static_cast<double>(rounds);
       tree_.observe(last_batch_, tree_s);
       if (last_overlapped_forward_ > 0)
-        tree_per_verify_[last_batch_].observe(tree_s / last_overlapped_forward_, kPriorTreePerVerify);
+        tree_per_verify_.observe(tree_s / last_overlapped_forward_, kPriorTreePerVerify);
     }
     if (fallbacks > 0) fallback_.observe(last_batch_, fallback_s / static_cast<double>(fallbacks));
     if (neural > 0) neural_fallback_.observe(last_batch_, neural_s / static_cast<double>(neural));
@@ -152,13 +152,9 @@ StepCosts AdaptivePolicy::costs_at(int64_t batch, int64_t rows, Drafting kind, C
                                      : draft_step_.seconds(batch);
   c.tree = tree_.empty() ? forward_.seconds(rows) : tree_.seconds(batch);
   c.contention = contention_.value(kPriorContention);
-  // The auto budget sizes each tree to the last verify: its time follows the
-  // verify's, as measured at this batch (at a small batch the smallest tree
-  // outlasts the verify), else as the budget aims.
-  if (config_.fanout_budget == 0 && config_.fanout_list.empty()) {
-    const auto it = tree_per_verify_.find(batch);
-    c.tree_per_verify = it == tree_per_verify_.end() ? kPriorTreePerVerify : it->second.value(kPriorTreePerVerify);
-  }
+  // The auto budget sizes each tree to the last verify: its time follows the verify's.
+  if (config_.fanout_budget == 0 && config_.fanout_list.empty())
+    c.tree_per_verify = tree_per_verify_.value(kPriorTreePerVerify);
   // Without trees every round drafts with the draft model (ssd_draft_worker).
   // A tree's misses: a run of the kind `miss` names (of either kind while
   // that one was never timed).

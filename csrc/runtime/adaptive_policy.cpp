@@ -125,7 +125,7 @@ StepPlan AdaptivePolicy::choose(const Options& o, int64_t b, const std::vector<A
   } else if (measured && since_switch_ < kDwellSteps &&
              none > o.current.tokens_per_second() * (1 + kHysteresis)) {
     chosen = o.none;  // a speculative kind measured slower than the baseline: back to it before the dwell
-  } else if (!planned_ || explored_ || b > chosen_batch_) {
+  } else if (!planned_ || explored_) {
     // After the policy's own timing and warming plans: the best kind, if it
     // beats autoregressive steps and a speculative kind in force by the
     // hysteresis. Without it, the timing steps of a run's tail (a shrinking
@@ -143,10 +143,6 @@ StepPlan AdaptivePolicy::choose(const Options& o, int64_t b, const std::vector<A
     chosen = o.best;
   }
   explored_ = explore || calibrate || warming;
-  // A kind chosen (switched to, or chosen freely) at this batch; a larger
-  // batch (sequences joined) chooses again without waiting out the dwell.
-  if (!explored_ && !retiming_ && !hold && (chosen.drafting != kind_ || b > chosen_batch_ || !planned_))
-    chosen_batch_ = b;
   if (planned_ && chosen.drafting != kind_) {
     counters_.adaptive_switches += 1;
     since_switch_ = 0;

@@ -189,8 +189,7 @@ class AdaptivePolicy {
   // bandwidth): contention_ is by how much, tree_per_verify_ how long a tree
   // takes against the forward it ran beside.
   CostCurve forward_;
-  Ratio contention_;
-  std::map<int64_t, Ratio> tree_per_verify_;  // by batch
+  Ratio contention_, tree_per_verify_;
   bool overlapped_ = false;               // this step's forward runs beside tree building
   double last_overlapped_forward_ = 0.0;  // seconds of the last such forward
   // Draft side, by sequences: a fallback run of either kind, and of each kind.
@@ -232,7 +231,6 @@ class AdaptivePolicy {
   bool explored_ = false;  // the last plan was a timing or warming step
   bool warming_ = false;   // ... a warming step
   int64_t since_switch_ = 0;
-  int64_t chosen_batch_ = 0;  // the batch the drafting kind in force was chosen at (a larger one chooses again)
   int64_t measured_since_switch_ = 0;  // steps of the kind in force compared with the model since it came in
   int64_t step_ = 0;
   AdaptiveCounters counters_;

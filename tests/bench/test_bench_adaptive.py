@@ -182,6 +182,7 @@ def test_options_defaults_quick_and_overrides():
     (["--waves", "0"], "--waves: must be >= 1"),
     (["--min-prompts", "0"], "--min-prompts: must be >= 1"),
     (["--target", "t"], "--target/--draft: give both"),
+    (["--warmup-prompt-len", "-1"], "--warmup-prompt-len: must be >= 0"),
     (["--batch", "x"], "expected a comma-separated list of int"),
 ])
 def test_options_rejected(argv, message, capsys):
@@ -211,3 +212,39 @@ def test_plot_writes_a_png(tmp_path):
     check_tokens(runs)
     path = write_adaptive_plot(tmp_path / "sub" / "adaptive.png", summarize(aggregate(runs)))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("length", [None, 0, 20])
+def test_the_warm_up_prompts(monkeypatch, length):
+    """By default each run's warm-up is the first full batch of prompts cut to 16 tokens; --warmup-prompt-len N
+    cuts them to N; 0 takes whole prompts from past the timed ones (no timed run decodes them)."""
+    import types
+
+    from ssd import models
+
+    def fake_prompts(dataset, n, tokenizer, seed, vocab):
+        return [[i] * (50 + i) for i in range(n)]  # prompt i: token i, 50 + i long
+
+    calls = []
+
+    def fake_run(target, draft, mode, prompts, cfg, batch, temperature, threads, label, adaptive=None,
+                 warmup_set=None, warmup_tokens=8, warmup_prompts=1):
+        calls.append((batch, prompts, warmup_set))
+        return row(temperature, batch, "?", 0, 1.0)
+
+    monkeypatch.setattr(adaptive, "load_prompts", fake_prompts)
+    monkeypatch.setattr(adaptive, "run_engine", fake_run)
+    monkeypatch.setattr(adaptive, "constructed_pair", lambda *a: {"constructed": True, "target": "t", "draft": "d"})
+    monkeypatch.setattr(models, "load", lambda *a, **k: types.SimpleNamespace(
+        tokenizer=None, config=types.SimpleNamespace(vocab_size=100)))
+    argv = ["--batch", "1,4", "--datasets", "mtbench", "--temperature", "0", "--reps", "1", "--variants", "ar,ssd"]
+    adaptive.main(argv + ([] if length is None else ["--warmup-prompt-len", str(length)]))
+    assert len(calls) == 4
+    for batch, prompts, warm in calls:
+        assert [p[0] for p in prompts] == [0, 1, 2, 3]  # 4 waves of one prompt at batch 1, one wave at batch 4
+        if length == 0:
+            assert [p[0] for p in warm] == list(range(4, 4 + batch))
+            assert all(len(p) == 50 + p[0] for p in warm)  # whole
+        else:
+            assert [p[0] for p in warm] == list(range(batch))
+            assert all(len(p) == (16 if length is None else length) for p in warm)

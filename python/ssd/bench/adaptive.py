@@ -40,6 +40,7 @@ PROG = f"{BENCH_PROG} adaptive"
 VARIANTS = {"ar": ("ar", None, 1), "ar 2thr": ("ar", None, 2), "sd": ("sd", False, 1), "ssd": ("ssd", False, 1),
             "sd adaptive": ("sd", True, 1), "ssd adaptive": ("ssd", True, 1)}
 FIXED = ("ar", "sd", "ssd")  # the fixed modes on the 1-thread target, over which best_fixed is taken
+WARMUP_PROMPT_LEN = 16  # default --warmup-prompt-len: the warm-up batch's prompts cut to 16 tokens (a cheap prefill)
 # The criteria, in one place.
 MIN_RATIO = 0.90  # ssd adaptive / best fixed, at every point
 MIN_RATIO_SPREAD = 0.95  # ... where the fixed modes differ by more than SPREAD
@@ -86,6 +87,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help=f"which variants run (default all: {','.join(VARIANTS)})")
     ap.add_argument("--warmup-tokens", type=int, default=16,
                     help="tokens of the untimed warm-up generation (one full batch) before each timed run")
+    ap.add_argument("--warmup-prompt-len", type=int, default=WARMUP_PROMPT_LEN, metavar="N",
+                    help="the warm-up's prompts: the first batch's cut to N tokens (default %(default)s, a cheap "
+                         "prefill), or 0: whole prompts past the timed ones (the timed run's context; their prefill "
+                         "made the default sweep about half as long again)")
     ap.add_argument("--quick", action="store_true", help="smoke run: batches 1,2, T 0, mtbench, 1 rep, 8 tokens")
     ap.add_argument("--json", type=Path, metavar="FILE", help="write the result here")
     ap.add_argument("--plot", type=Path, metavar="FILE", help="write the PNG here")
@@ -95,6 +100,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             setattr(args, name, quick if args.quick else full)
     if (args.target is None) != (args.draft is None):
         ap.error("--target/--draft: give both (or neither, for the constructed regime pair)")
+    if args.warmup_prompt_len < 0:
+        ap.error(f"--warmup-prompt-len: must be >= 0 (0: whole prompts), got {args.warmup_prompt_len}")
     if any(b < 1 for b in args.batches):
         ap.error(f"--batch: every batch size must be >= 1, got {args.batches}")
     if any(t < 0 for t in args.temperatures):
@@ -258,12 +265,12 @@ def main(argv: list[str]) -> int:
     pair = (constructed_pair(base.regime_acceptance, base.regime_cost_ratio) if args.target is None
             else {"constructed": False, "target": args.target, "draft": args.draft})
     target, draft = models.load(pair["target"], dtype=torch.float32), models.load(pair["draft"], dtype=torch.float32)
-    # One full batch per wave; a dataset's first n prompts are the same for every n, so load the most once,
-    # and after them the warm-up's: prompts of the same kind and length that no timed run decodes.
+    # One full batch per wave; a dataset's first n prompts are the same for every n, so load the most once.
     num_prompts = {b: b * waves_at(b, args.waves, args.min_prompts) for b in args.batches}
     most = max(num_prompts.values())
-    prompts = {d: load_prompts(d, most + max(args.batches), target.tokenizer, args.seed, target.config.vocab_size)
-               for d in args.datasets}
+    whole = args.warmup_prompt_len == 0  # then the warm-up's prompts follow the timed ones
+    prompts = {d: load_prompts(d, most + (max(args.batches) if whole else 0), target.tokenizer, args.seed,
+                               target.config.vocab_size) for d in args.datasets}
     runs = []
     for rep, (d, t, b), v in tqdm(plan(grid(args.datasets, args.temperatures, args.batches), args.reps,
                                        args.variants),
@@ -271,12 +278,13 @@ def main(argv: list[str]) -> int:
         mode, adaptive, threads = VARIANTS[v]
         n = num_prompts[b]
         cfg = dataclasses.replace(base, num_prompts=n)
-        # The untimed warm-up is one full batch of full-length prompts the timed run does not decode,
-        # so every variant's timed run starts warm at its batch and context (the adaptive policy as it
-        # would be after a server's first requests at that load).
+        # The untimed warm-up is one full batch, so every variant's timed run starts warm at its
+        # batch (the adaptive policy as it would be after a server's first requests at that load).
+        warm = (prompts[d][most:most + b] if whole else
+                [p[:args.warmup_prompt_len] for p in prompts[d][:b]])
         r = run_engine(target, draft, mode, prompts[d][:n], cfg, b, t, threads,
-                       label=f"{d} T{t:g} B{b} rep{rep} {v}", adaptive=adaptive,
-                       warmup_set=prompts[d][most:most + b], warmup_tokens=args.warmup_tokens)
+                       label=f"{d} T{t:g} B{b} rep{rep} {v}", adaptive=adaptive, warmup_set=warm,
+                       warmup_tokens=args.warmup_tokens)
         runs.append({**r, "dataset": d, "variant": v, "rep": rep})
     check_tokens(runs)
     entries = aggregate(runs)
