@@ -90,7 +90,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--warmup-prompt-len", type=int, default=WARMUP_PROMPT_LEN, metavar="N",
                     help="the warm-up's prompts: the first batch's cut to N tokens (default %(default)s, a cheap "
                          "prefill), or 0: whole prompts past the timed ones (the timed run's context; their prefill "
-                         "made the default sweep about 40 % longer)")
+                         "made the default sweep about 40 %% longer)")
     ap.add_argument("--quick", action="store_true", help="smoke run: batches 1,2, T 0, mtbench, 1 rep, 8 tokens")
     ap.add_argument("--json", type=Path, metavar="FILE", help="write the result here")
     ap.add_argument("--plot", type=Path, metavar="FILE", help="write the PNG here")
