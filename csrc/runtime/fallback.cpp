@@ -11,8 +11,16 @@ namespace ssd::runtime {
 
 namespace {
 
-// Running mean of a per-round quantity, weighted towards recent rounds.
-void ema(double& v, int64_t& n, double x) { v = n++ == 0 ? x : 0.9 * v + 0.1 * x; }
+// Running mean of a per-round quantity: the plain mean of the first
+// `horizon` rounds, then weighted towards recent rounds (each new one 1 /
+// horizon). Started at its first round and decayed by 0.9 from there, one
+// lucky first round (a fast proposal kept whole) outweighed the next nine
+// and kept a kind in force that lost ever since (batch 4: a neural kind
+// chosen against a fast one that had kept nothing once, or the reverse).
+void ema(double& v, int64_t& n, double x, double horizon = 10.0) {
+  ++n;
+  v += (x - v) / std::min(static_cast<double>(n), horizon);
+}
 
 const char* name_of(FallbackKind kind) { return kind == FallbackKind::kFast ? "fast (n-gram)" : "neural"; }
 
@@ -129,7 +137,7 @@ void Fallback::observe_run(FallbackKind kind, double seconds, bool tree_round) {
   if (verify_s_ <= 0 || !tree_round) return;
   KindEstimate& est = of(kind);
   const double time = seconds / verify_s_;
-  est.time = est.runs++ == 0 ? time : 0.8 * est.time + 0.2 * time;
+  ema(est.time, est.runs, time, 5.0);
 }
 
 void Fallback::observe_tree(double seconds) {

@@ -221,3 +221,21 @@ def test_fallback_choice_learns_only_from_what_answers_a_trees_miss():
     assert f.choose(1) == "fast"
     with pytest.raises(ValueError, match="fallback kind"):
         f.observe_run("ngram", 0.1)
+
+
+def test_fallback_choice_weighs_a_kinds_first_rounds_alike():
+    # As above: the neural kind's prior round speed is 2.0. The fast kind kept all 3 proposals of its first round
+    # (4 tokens), then nothing 9 times (1 token each): a mean of 1.3 tokens, round speed 0.5 * 2 + 0.5 * 1.3 = 1.65,
+    # and the neural kind is chosen. An estimate started at the first round and decayed by 0.9 per round holds
+    # 0.9 ** 9 of it, 2.16 tokens (2.08), and kept the fast kind.
+    f = _C.testing.FallbackChoice(k=4)
+    f.observe_verify(0.1)
+    for accepted in [3] + [0] * 9:
+        f.observe_emitted("fast", accepted)
+        f.observe_run("fast", 0.0)
+    assert f.choose(1) == "neural"
+    # Past its first rounds the estimate follows the recent ones: 30 rounds keeping 2 (3 tokens) bring it to
+    # 3 - 1.7 * 0.9 ** 30 = 2.93 tokens, round speed 2.46, and the fast kind is chosen again.
+    for _ in range(30):
+        f.observe_emitted("fast", 2)
+    assert f.choose(1) == "fast"
