@@ -13,10 +13,10 @@ namespace {
 
 // Running mean of a per-round quantity: the plain mean of the first
 // `horizon` rounds, then weighted towards recent rounds (each new one 1 /
-// horizon). Started at its first round and decayed by 0.9 from there, one
-// lucky first round (a fast proposal kept whole) outweighed the next nine
-// and kept a kind in force that lost ever since (batch 4: a neural kind
-// chosen against a fast one that had kept nothing once, or the reverse).
+// horizon). An estimate started at a kind's first round and decayed by 0.9
+// still held 0.9^9 of that round after ten, so one round decided which kind
+// the next batches of misses got (batch 4: a fast kind whose first round
+// kept 3 proposals stayed in force through four that kept none).
 void ema(double& v, int64_t& n, double x, double horizon = 10.0) {
   ++n;
   v += (x - v) / std::min(static_cast<double>(n), horizon);

@@ -227,7 +227,7 @@ def test_fallback_choice_weighs_a_kinds_first_rounds_alike():
     # As above: the neural kind's prior round speed is 2.0. The fast kind kept all 3 proposals of its first round
     # (4 tokens), then nothing 9 times (1 token each): a mean of 1.3 tokens, round speed 0.5 * 2 + 0.5 * 1.3 = 1.65,
     # and the neural kind is chosen. An estimate started at the first round and decayed by 0.9 per round holds
-    # 0.9 ** 9 of it, 2.16 tokens (2.08), and kept the fast kind.
+    # 0.9 ** 9 of it, 2.16 tokens (round speed 2.08), and kept the fast kind.
     f = _C.testing.FallbackChoice(k=4)
     f.observe_verify(0.1)
     for accepted in [3] + [0] * 9:
