@@ -10,6 +10,7 @@ A client that disconnects cancels its requests, which frees their KV blocks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import time
@@ -243,21 +244,29 @@ class _Call:
 
         if self.chat:
             yield event([choice(i, "", None, first=True) for i in range(len(self.requests))])
-        async for i, chunk in self.chunks():
-            if chunk.finish_reason == "error":
-                err = RequestError(f"generation failed: {chunk.error}", status=500, type="server_error")
-                yield f"data: {_json(err.body())}\n\n"
-                continue
-            reason = _FINISH.get(chunk.finish_reason) if chunk.finish_reason else None
-            if chunk.text or reason or chunk.token_ids:
-                yield event([choice(i, chunk.text, reason, logprobs=chunk.logprobs)])
+        # Closed with this generator, not when the garbage collector finds it: that cancels its requests.
+        async with contextlib.aclosing(self.chunks()) as chunks:
+            async for i, chunk in chunks:
+                if chunk.finish_reason == "error":
+                    err = RequestError(f"generation failed: {chunk.error}", status=500, type="server_error")
+                    yield f"data: {_json(err.body())}\n\n"
+                    continue
+                reason = _FINISH.get(chunk.finish_reason) if chunk.finish_reason else None
+                if chunk.text or reason or chunk.token_ids:
+                    yield event([choice(i, chunk.text, reason, logprobs=chunk.logprobs)])
         if self.include_usage:
             yield event([], usage=self.usage())
         yield "data: [DONE]\n\n"
 
 
 class _Stream(StreamingResponse):
-    """A streamed response that cancels its requests should it end before reading them."""
+    """A streamed response that cancels its requests when it ends early (the client left).
+
+    Starlette stops a stream whose client left by cancelling the task that
+    sends it, and when that task was in a send the body's generator is left
+    suspended: closed only when the garbage collector gets to it, its
+    requests ran on to their max_tokens meanwhile. So it is closed here.
+    """
 
     def __init__(self, call: _Call, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -267,6 +276,7 @@ class _Stream(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
+            await self.body_iterator.aclose()
             self._call.abandon()
 
 
