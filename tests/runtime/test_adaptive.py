@@ -273,8 +273,9 @@ def test_measured_steps_price_waits_the_model_cannot_see(regime):
     policy builds them. When the draft side answers late (a wait no part of the step model measures) only the
     measured step times show it, and the policy must settle on autoregressive steps. The delay is six of this
     machine's tree steps: with a fixed 400 ms, trees (about 2.9 tokens a step) stay the faster kind wherever a step
-    takes over 0.21 s, and there the policy is right to keep them (a CI host ran 21 of 40 steps on trees). Settling takes about a dozen steps (timing, warming, a
-    switch's first steps, the dwell), so the request is long enough that the settled steps are most of it."""
+    takes over 0.21 s, and there the policy is right to keep them (a CI host ran 21 of 40 steps on trees).
+    Settling takes about a dozen steps (timing, warming, a switch's first steps, the dwell), so the request is
+    long enough that the settled steps are most of it."""
     pair, chat = regime
 
     def run(delay_ms: int, max_tokens: int) -> tuple[dict, float]:

@@ -276,8 +276,10 @@ class _Stream(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            await self.body_iterator.aclose()
-            self._call.abandon()
+            try:
+                await self.body_iterator.aclose()
+            finally:
+                self._call.abandon()
 
 
 def _json(obj) -> str:
