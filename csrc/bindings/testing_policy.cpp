@@ -10,6 +10,7 @@
 #include <deque>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "../runtime/adaptive_policy.h"
 
@@ -44,6 +45,7 @@ class PolicyHarness {
   PolicyHarness(const std::string& mode, int64_t k, int64_t batch, const std::string& fallback)
       : config_(policy_config(mode, k, fallback)), policy_(config_, testing_) {
     if (batch < 1) throw std::invalid_argument("batch must be >= 1, got " + std::to_string(batch));
+    finished_.assign(static_cast<size_t>(batch), false);
     for (int64_t i = 0; i < batch; ++i) {
       seqs_.emplace_back();
       seqs_.back().id = static_cast<RequestId>(i);
@@ -51,6 +53,11 @@ class PolicyHarness {
   }
 
   void start(int64_t i) { policy_.first_round(&seq(i)); }
+  /// Sequence i finished: later steps' batches leave it out.
+  void finish(int64_t i) {
+    seq(i);  // checks i
+    finished_[static_cast<size_t>(i)] = true;
+  }
   void plan(const py::dict& draft_totals, int64_t context) {
     if (context < 0) throw std::invalid_argument("context must be >= 0, got " + std::to_string(context));
     if (context > 0)
@@ -61,7 +68,8 @@ class PolicyHarness {
       if (draft_totals.contains(name)) totals.*member = draft_totals[name].cast<Field>();
     });
     std::vector<runtime::Sequence*> decoding;
-    for (auto& s : seqs_) decoding.push_back(&s);
+    for (size_t i = 0; i < seqs_.size(); ++i)
+      if (!finished_[i]) decoding.push_back(&seqs_[i]);
     policy_.plan(decoding, totals);
   }
   void observe_forward(int64_t rows, double seconds, double draft_busy) {
@@ -101,6 +109,7 @@ class PolicyHarness {
   TestingConfig testing_;
   runtime::AdaptivePolicy policy_;
   std::deque<runtime::Sequence> seqs_;  // stable addresses
+  std::vector<bool> finished_;          // by sequence: left out of the steps' batches
 };
 
 }  // namespace
@@ -111,6 +120,7 @@ void bind_testing_policy(py::module_& m) {
       .def(py::init<const std::string&, int64_t, int64_t, const std::string&>(), py::arg("mode"), py::arg("k"),
            py::arg("batch"), py::arg("fallback") = "auto")
       .def("start", &PolicyHarness::start, py::arg("i"), "Sequence i's prefill is done: its first round is set.")
+      .def("finish", &PolicyHarness::finish, py::arg("i"), "Sequence i finished: later batches leave it out.")
       .def("plan", &PolicyHarness::plan, py::arg("draft_totals") = py::dict(), py::arg("context") = 0,
            "A step begins: plans the rounds its outcomes open. draft_totals: DraftCounters fields so far; "
            "context: when > 0, every sequence's KV length (num_computed) from now on.")

@@ -4,6 +4,7 @@
 #include "adaptive_policy.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace ssd::runtime {
 
@@ -136,10 +137,14 @@ void AdaptivePolicy::learn_draft_costs(const DraftCounters& totals) {
     }
     if (fallbacks > 0) fallback_.observe(last_batch_, fallback_s / static_cast<double>(fallbacks));
     if (neural > 0) neural_fallback_.observe(last_batch_, neural_s / static_cast<double>(neural));
+    if (neural > 0 && neural_rounds_ > 0)
+      neural_runs_.observe(std::max<int64_t>(1, std::llround(neural_rounds_ / static_cast<double>(neural))),
+                           neural_s / static_cast<double>(neural));
     if (fallbacks > neural)
       fast_fallback_.observe(last_batch_, (fallback_s - neural_s) / static_cast<double>(fallbacks - neural));
   }
   seen_ = totals;
+  neural_rounds_ = 0.0;
 }
 
 StepCosts AdaptivePolicy::costs_at(int64_t batch, int64_t rows, Drafting kind, CacheLookup miss) const {
@@ -163,6 +168,12 @@ StepCosts AdaptivePolicy::costs_at(int64_t batch, int64_t rows, Drafting kind, C
   if (kind != Drafting::kMisses && miss == CacheLookup::kFastFallback) fallback = &fast_fallback_;
   if (fallback->empty() && kind != Drafting::kMisses) fallback = &fallback_;
   c.fallback = fallback->empty() ? step : fallback->seconds(batch);
+  // Without trees the draft model drafts every sequence's round: a run of
+  // `batch` rounds, not a tree's misses' (a few of the batch). Priced by a
+  // tree's misses' runs at batch 8 (one to three rounds each), drafting
+  // without trees was taken at HumanEval T 0 and held for the dwell at
+  // 0.76x fixed ssd.
+  if (kind == Drafting::kMisses && !neural_runs_.empty()) c.fallback = neural_runs_.seconds(batch);
   c.hit_rate = hit_rate();
   return c;
 }
@@ -175,6 +186,18 @@ double AdaptivePolicy::step_prior(Drafting kind, int64_t batch) const {
   const auto& none = step_by_batch_[index_of(Drafting::kNone)];
   if (const auto n = none.find(batch); kind != Drafting::kNone && n != none.end())
     prior = std::max(prior, n->second.value(step_all_[index_of(Drafting::kNone)].value(kPriorStepFactor)));
+  // Nor below another speculative kind measured here: the waits the model
+  // leaves out at this batch (the draft side's, the engine's) are taken to
+  // be paid by any kind that drafts. Priced at autoregressive steps' factor,
+  // drafting without trees (0.998) looked 6 % ahead of trees measured at
+  // 1.14 at HumanEval T 0 batch 4, was taken, and its steps sent the policy
+  // to autoregressive steps for the dwell (0.64x fixed ssd).
+  for (Drafting other : {Drafting::kSequential, Drafting::kTrees, Drafting::kMisses}) {
+    if (kind == Drafting::kNone || other == kind) continue;
+    const auto& measured = step_by_batch_[index_of(other)];
+    if (const auto m = measured.find(batch); m != measured.end())
+      prior = std::max(prior, m->second.value(step_all_[index_of(other)].value(kPriorStepFactor)));
+  }
   return prior;
 }
 
@@ -298,6 +321,7 @@ void AdaptivePolicy::after_round(Sequence* seq, int64_t proposed, int64_t accept
   // round's verify). The first round of trees after rounds without is a miss
   // whatever the text, and says nothing of the hit rate.
   const bool missed = lookup == CacheLookup::kNeuralFallback || lookup == CacheLookup::kFastFallback;
+  if (lookup == CacheLookup::kNeuralFallback && proposed > 0) neural_rounds_ += 1.0;
   // Any round's miss ran the fallback: the step is modelled with it (observe_step).
   if (missed && proposed > 0 && expected_.missed != CacheLookup::kNeuralFallback) expected_.missed = lookup;
   if (seq->tree_asked && (lookup == CacheLookup::kHit || missed)) {

@@ -81,10 +81,20 @@ StepPlan AdaptivePolicy::choose(const Options& o, int64_t b, const std::vector<A
   const int64_t full = b * (config_.k + 1);
   // A forward size never timed is timed first, without trees beside it: one
   // row per sequence (an autoregressive step), then in ssd a full verify.
+  // Not while a speculative kind is in force and the batch shrank below one
+  // whose forward was timed: the tail of a batch, which drains on
+  // speculation (it spreads the sequences' progress). Its forwards are
+  // priced from the larger batch's (interpolated, or flat below the
+  // smallest: never cheaper, so autoregressive steps are not favoured), and
+  // its timing steps (an autoregressive step, then a verify without trees)
+  // cost two switches and a fallback run each time the batch passed a size:
+  // 3-4 switches in the last second of MT-bench T 0 batch-4 runs.
   const bool free_plan = forced_.empty();
-  const bool explore = free_plan && !forward_.measured_near(b) && timing_rows_ != b;
-  const bool calibrate = free_plan && !explore && config_.mode == "ssd" && !forward_.measured_near(full) &&
-                         timing_rows_ != full;
+  if (forward_.measured_near(b)) timed_batch_ = std::max(timed_batch_, b);
+  const bool draining = kind_ != Drafting::kNone && b < timed_batch_;
+  const bool explore = free_plan && !draining && !forward_.measured_near(b) && timing_rows_ != b;
+  const bool calibrate = free_plan && !draining && !explore && config_.mode == "ssd" &&
+                         !forward_.measured_near(full) && timing_rows_ != full;
   // ... and timed again, while a speculative kind is in force, once the
   // context has moved past the one it was timed at (attention's share of a
   // row grows with it) and autoregressive steps are predicted at least as
@@ -116,6 +126,12 @@ StepPlan AdaptivePolicy::choose(const Options& o, int64_t b, const std::vector<A
     chosen = o.none;
   } else if (retiming_ || hold) {
     if (retiming_) SSD_LOG_DEBUG("adaptive: timing the forward of batch " << b << " again at context " << context_);
+    // The kind in force stays; should its plan, priced before the forward
+    // was timed again, verify nothing, its rounds verify every proposal.
+    if (chosen.drafting == Drafting::kNone && kind_ != Drafting::kNone) {
+      chosen.drafting = kind_;
+      chosen.threshold = 0.0;
+    }
   } else if (calibrate) {
     chosen = o.misses;
   } else if (warming) {
@@ -141,6 +157,23 @@ StepPlan AdaptivePolicy::choose(const Options& o, int64_t b, const std::vector<A
              o.best.tokens_per_second() > o.current.tokens_per_second() * (1 + kHysteresis) &&
              pays_back(o.best, o.current, b)) {
     chosen = o.best;
+  }
+  // Leaving a speculative kind for autoregressive steps priced from a
+  // forward timed at a context far from this one, by whichever rule (the
+  // kind's own plan verifying nothing included): the forward is timed again
+  // first, for one step, and the kind in force stays until the plan after
+  // it. At HumanEval T 0 batch 8 the timed run's first plan had the forward
+  // of one row per sequence from the warm-up's 17-token context (0.185 s,
+  // 0.26 s at 138): trees' own plan verified nothing, and the dwell held
+  // autoregressive steps for 8 steps before trees came back 22 % ahead.
+  if (free_plan && !explore && !calibrate && !retiming_ && !hold && kind_ != Drafting::kNone &&
+      chosen.drafting == Drafting::kNone && !forward_.measured_near(b, context_)) {
+    retiming_ = holding_ = true;
+    timing_rows_ = b;
+    chosen = o.current;
+    chosen.drafting = kind_;
+    SSD_LOG_DEBUG("adaptive: timing the forward of batch " << b << " again at context " << context_
+                                                           << " before leaving " << drafting_name(kind_));
   }
   explored_ = explore || calibrate || warming;
   if (planned_ && chosen.drafting != kind_) {

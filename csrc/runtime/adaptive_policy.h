@@ -19,7 +19,8 @@
 //   ratio scales that kind's predictions (waits for the draft side, engine
 //   overhead and whatever else the model leaves out), learnt again once the
 //   context moved far from the one it was learnt at; a kind not measured
-//   at a batch is priced at least as autoregressive steps are there;
+//   at a batch is priced at least as autoregressive steps and the other
+//   speculative kinds measured there are;
 // - what a switch to a speculative kind costs: its first kSwitchSteps
 //   steps' seconds beyond the model (the draft catching up on the
 //   sequences it idled for). A switch must win that back within
@@ -35,14 +36,19 @@
 //   hit's, or on a miss the fallback's or the model's as the worker served
 //   misses;
 // - the forward by rows at the context it was timed at (timed again, for
-//   one step, when the context moved far and autoregressive steps look best).
+//   one step, when the context moved far and autoregressive steps look
+//   best, and before a speculative kind is left for them);
+// - the draft model's runs by the rounds they drafted: drafting without
+//   trees drafts every sequence's round, a tree's misses only a few.
 //
 // Before it plans freely at a batch size: one autoregressive step times the
 // forward of one row per sequence (and what such a step costs beyond it;
 // again when the context moved far from it and autoregressive steps look
 // best), in ssd one step without trees times a
 // full verify's forward (so the cost of every lookahead in between is
-// interpolated between two uncontended measurements), and until
+// interpolated between two uncontended measurements); not for a batch that
+// shrank below a timed one while a speculative kind is in force (a draining
+// tail, priced from the larger batch's forwards), and until
 // kWarmupTrials proposals were verified every round verifies k with the best
 // speculative kind.
 //
@@ -192,8 +198,14 @@ class AdaptivePolicy {
   Ratio contention_, tree_per_verify_;
   bool overlapped_ = false;               // this step's forward runs beside tree building
   double last_overlapped_forward_ = 0.0;  // seconds of the last such forward
-  // Draft side, by sequences: a fallback run of either kind, and of each kind.
+  // Draft side, by batch: a fallback run of either kind, and of each kind.
   CostCurve draft_step_, tree_, fallback_, neural_fallback_, fast_fallback_;
+  // The draft model's runs (a tree's misses, rounds without trees) by the
+  // rounds they drafted: what drafting without trees costs, where every
+  // sequence's round is drafted. neural_rounds_: rounds the draft model
+  // drafted, verified since the last plan.
+  CostCurve neural_runs_;
+  double neural_rounds_ = 0.0;
   CacheLookup trees_miss_ = CacheLookup::kNone;  // the kind the trees plan in force was priced with
   DraftCounters seen_;  // draft totals at the last plan
   // Measured / modelled step seconds by drafting kind: over every batch, and
@@ -208,6 +220,7 @@ class AdaptivePolicy {
   bool probed_ = false;                     // the last plan was a probe
   bool started_ = false;                    // a sequence's first round was assigned since the last plan
   int64_t timing_rows_ = 0;                 // a forward the last plan asked for, to time it
+  int64_t timed_batch_ = 0;                 // the largest batch planned at whose forward was timed
   int64_t last_batch_ = 0;
   double context_ = 0.0;                    // mean KV length of the step's decoding sequences
   bool retiming_ = false;                   // this plan times the forward again (one autoregressive step)

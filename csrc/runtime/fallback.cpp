@@ -35,7 +35,10 @@ FallbackKind Fallback::choose(int64_t batch) {
   const FallbackKind chosen = pick(batch);
   if (chosen != in_force_)
     SSD_LOG_INFO("ssd fallback: " << name_of(chosen) << " from now on (batch " << batch << ", hit rate " << hit_rate_
-                                  << ")");
+                                  << ", tokens per round: hit " << hit_tokens_ << ", fast " << fast_.tokens << " over "
+                                  << fast_.rounds << ", neural " << neural_.tokens << " over " << neural_.rounds
+                                  << "; time per verify: tree " << tree_time_ << ", fast " << fast_.time
+                                  << ", neural " << neural_.time << ")");
   return in_force_ = chosen;
 }
 
@@ -122,14 +125,18 @@ void Fallback::score_shadows(DraftSequence& s, DraftCounters& counters) {
 }
 
 void Fallback::observe_emitted(SpecSource source, int64_t accepted, bool tree_round) {
-  // A treeless round drafted with the draft model is no miss (the policy's
-  // calibration round, one after autoregressive steps): counted, one such
-  // round would set the neural kind's estimate, which is only measured again
-  // when it is chosen.
-  if (!tree_round) return;
+  // A treeless round (the adaptive policy's drafting without trees, or its
+  // calibration round after autoregressive steps) is drafted by the draft
+  // model from the committed text, as the neural kind answers a miss: its
+  // tokens are the neural kind's (its run time is not; observe_run). Without
+  // them the neural kind was priced at the hits' tokens until it first ran:
+  // the adaptive engine's warm-up, whose first rounds were treeless, left it
+  // untried, and the timed run tried it on 2-4 batches of misses that each
+  // waited for it (MT-bench and HumanEval T 0, batch 4).
   const auto emitted = static_cast<double>(accepted + 1);
-  if (source == SpecSource::kHit) hit_tokens_ = 0.9 * hit_tokens_ + 0.1 * emitted;
   if (source == SpecSource::kNeural) ema(neural_.tokens, neural_.rounds, emitted);
+  if (!tree_round) return;
+  if (source == SpecSource::kHit) hit_tokens_ = 0.9 * hit_tokens_ + 0.1 * emitted;
   if (source == SpecSource::kFast) ema(fast_.tokens, fast_.rounds, emitted);
 }
 

@@ -50,7 +50,8 @@ class Fallback {
   /// Tokens a verified speculation from `source` emitted (accepted + bonus).
   /// The estimates are of what answers a tree's miss: a round that asked
   /// for no tree (tree_round false: the adaptive policy's treeless drafting)
-  /// teaches them nothing.
+  /// teaches only the neural kind's tokens (the draft model drafting from
+  /// the committed text, as it answers a miss).
   void observe_emitted(SpecSource source, int64_t accepted, bool tree_round);
   void observe_lookup(bool hit) { hit_rate_ = 0.95 * hit_rate_ + 0.05 * (hit ? 1.0 : 0.0); }
   /// A fallback run's drafting time (as observe_emitted, only a tree

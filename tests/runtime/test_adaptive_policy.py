@@ -33,7 +33,15 @@ outcomes the behaviour under test depends on:
 - after the policy's own timing and warming plans, a speculative kind is
   taken only if it beats autoregressive steps by the hysteresis;
 - the warm-up goes on until a step of the kind it warms was compared with
-  the model.
+  the model;
+- a batch that drains while trees are in force is priced from the larger
+  batch's forwards, without timing steps;
+- a speculative kind is left for autoregressive steps only after their
+  forward was timed at the context of the step (whichever rule leaves);
+- drafting without trees is priced with a draft run over every sequence's
+  round, not with a tree's misses' runs at the same batch;
+- a speculative kind not measured at a batch is priced at least at another
+  speculative kind's measured factor there.
 The auto fan-out budget (ssd._C.testing.FanoutPlanner) moves only with a new
 tree's measurement, is per sequence, shrinks in proportion to an overrun,
 and reads a step-time fit through negative seconds at no rows as zero there.
@@ -55,12 +63,13 @@ class Engine:
     """The engine's calls around the policy, at a fixed batch of `batch` sequences."""
 
     def __init__(self, batch, mode="ssd", prefill_rows=None, prefill_seconds=None, fallback="auto",
-                 fallback_seconds=None):
+                 fallback_seconds=None, fallback_per_round=False):
         self.policy = _C.testing.PolicyHarness(mode, K, batch, fallback)
         self.batch = batch
         # fallback_seconds: a step with a missed round waits that long for the draft model's run, which the draft
         # side reports (None: misses cost nothing and nothing is reported; the model prices them at its prior).
         self.fallback_seconds = fallback_seconds
+        self.fallback_per_round = fallback_per_round  # the run takes fallback_seconds per round it drafts
         self.totals = {"fallback_batches": 0, "fallback_seconds": 0.0,
                        "neural_fallback_batches": 0, "neural_fallback_seconds": 0.0}
         rows = batch if prefill_rows is None else prefill_rows
@@ -70,34 +79,47 @@ class Engine:
             self.policy.start(i)
         # Per sequence: its last round asked for a tree and speculated, so the draft built one beside it.
         self.tree_built = [False] * batch
+        self.active = list(range(batch))  # the sequences still decoding
 
-    def step(self, kept, lookup_of_tree="hit", extra=None, context=0, forward=None, draft_totals=None):
+    def finish(self, i):
+        """Sequence i finished: later steps' batches leave it out (a batch draining)."""
+        self.policy.finish(i)
+        self.active.remove(i)
+
+    def step(self, kept, lookup_of_tree="hit", extra=None, context=0, forward=None, draft_totals=None,
+             lookup_of=None):
         """One step. kept(lookahead, lookup): proposals kept; lookup_of_tree: what a round whose tree was built
         looks up (a round after one without a tree is drafted by the draft model, "neural", unless lookup_of_tree
         names a fallback); extra(lookaheads, trees): seconds the step waits more; context: every sequence's KV
         length (0: unchanged); forward(rows, context): the forward's seconds; draft_totals: the draft side's
-        counters so far."""
-        p, b = self.policy, self.batch
+        counters so far; lookup_of(i): what sequence i's round whose tree was built looks up (instead of
+        lookup_of_tree)."""
+        p, b = self.policy, len(self.active)
         if draft_totals is None and self.fallback_seconds is not None:
             draft_totals = dict(self.totals)
         p.plan(draft_totals or {}, context=context)
-        lookaheads, trees = p.lookaheads(), p.trees()  # what this step verifies (planned a step ago)
+        # What this step verifies (planned a step ago), for the sequences still decoding.
+        lookaheads = [p.lookaheads()[i] for i in self.active]
+        trees = [p.trees()[i] for i in self.active]
+        self.verified_trees = trees  # of this step's rounds (p.trees(), after the step: of the next step's)
         rows = sum(1 + v for v in lookaheads)
         seconds = forward(rows, context) if forward else forward_seconds(rows, b)
         p.observe_forward(rows, seconds)
-        missed = False
-        for i, (v, tree) in enumerate(zip(lookaheads, trees)):
-            miss = "neural" if lookup_of_tree == "hit" else lookup_of_tree
-            lookup = "none" if v == 0 else (lookup_of_tree if self.tree_built[i] else miss)
+        missed = 0
+        for i, v, tree in zip(self.active, lookaheads, trees):
+            of_tree = lookup_of(i) if lookup_of else lookup_of_tree
+            miss = "neural" if of_tree == "hit" else of_tree
+            lookup = "none" if v == 0 else (of_tree if self.tree_built[i] else miss)
             p.after_round(i, v, kept(v, lookup), lookup)
             self.tree_built[i] = tree and v > 0
-            missed = missed or lookup in ("neural", "fast")
+            missed += lookup in ("neural", "fast")
         if missed and self.fallback_seconds is not None:
-            seconds += self.fallback_seconds
+            seconds += self.fallback_seconds * (missed if self.fallback_per_round else 1)
+            run = self.fallback_seconds * (missed if self.fallback_per_round else 1)
             self.totals["fallback_batches"] += 1
-            self.totals["fallback_seconds"] += self.fallback_seconds
+            self.totals["fallback_seconds"] += run
             self.totals["neural_fallback_batches"] += 1
-            self.totals["neural_fallback_seconds"] += self.fallback_seconds
+            self.totals["neural_fallback_seconds"] += run
         p.observe_step(seconds + (extra(lookaheads, trees) if extra else 0.0))
         return lookaheads
 
@@ -295,6 +317,94 @@ def test_the_forward_is_timed_again_when_the_context_has_grown():
     assert ar_steps_after <= 3  # the timing step (and the step whose rounds it planned), not a dwell's worth
     # autoregressive steps priced at the new context: well under the 40 tok/s of a forward at context 30
     assert s["policy_tok_s_ar"] < 0.7 * 4 / forward_seconds(4, 4)
+
+
+def test_a_batch_draining_on_trees_is_priced_from_the_larger_batchs_forwards():
+    """Trees are in force at batch 4 when two sequences finish (speculation spreads the sequences' progress, so a
+    batch drains unevenly). The forward of batch 2 was never timed: the policy timed it with an autoregressive step,
+    then a verify without trees, and went back to trees, two switches and a fallback run for each size the tail
+    passed (in the engine, 3-4 switches in the last second of a batch-4 run). Now the tail is priced from batch 4's
+    forwards (one row per sequence flat below the smallest size timed, never cheaper) and every round of the two
+    goes on with trees."""
+    e = Engine(4)
+    e.run(30, every)
+    before = e.policy.stats()
+    assert before["policy_drafting"] == "trees"
+    e.finish(2)
+    e.finish(3)
+    after = [(e.step(every), e.policy.trees()) for _ in range(6)]
+    assert all(all(v > 0 for v in lookaheads) for lookaheads, _ in after)
+    assert all(trees[0] and trees[1] for _, trees in after)
+    s = e.policy.stats()
+    assert s["policy_drafting"] == "trees" and s["policy_batch"] == 2
+    assert s["adaptive_switches"] == before["adaptive_switches"]
+    assert s["adaptive_ar_steps"] == before["adaptive_ar_steps"]
+
+
+def test_a_speculative_kind_is_left_for_autoregressive_steps_only_after_timing_them_at_this_context():
+    """The forward of one row per sequence was timed at context 30 (in the engine: the warm-up on 16-token prompts),
+    then the context jumps to 300 (the timed run's prompts; a row costs 30 % more per 100 tokens), while warming
+    rounds put trees in force. Trees are priced from forwards beside them at the new context, autoregressive steps
+    from the one at 30, 1.7 times too cheap, and trees' own plan came to verify nothing: the policy left for
+    autoregressive steps with no rule's check, and the dwell held them for 8 steps while trees were predicted 40 %
+    ahead. Now it times that forward again first (one step), and stays on speculation."""
+    b = 8
+    engine = Engine(b, prefill_rows=400, prefill_seconds=2.0, fallback_seconds=0.05)
+
+    def forward(rows, context):
+        return forward_seconds(rows, b, per_row=0.005) * (1 + 0.3 * context / 100)
+
+    ar = []
+    for n in range(24):
+        lookaheads = engine.step(lambda v, lookup: min(v, 1), context=30 + n if n < 3 else 300 + n, forward=forward)
+        ar.append(not any(lookaheads))
+    s = engine.policy.stats()
+    assert s["policy_drafting"] != "none"
+    # The first plan's timing step, and the step timing it again: not a dwell's worth.
+    assert sum(ar) <= 3
+    assert s["policy_tok_s_best"] > 1.1 * s["policy_tok_s_ar"]  # speculation is ahead, at the forward timed anew
+
+
+def test_drafting_without_trees_is_priced_with_a_run_over_every_sequence():
+    """At batch 8 one sequence's tree always misses and the draft model drafts its round (0.03 s a round); the
+    others hit, and a hit's proposals are never kept while the draft model's are. Drafting without trees looks
+    better, but there the draft model drafts all 8 rounds (0.24 s a step). Priced with the misses' runs (one round
+    each) at this batch, the policy took it twice, for 6-7 steps each, and the measured steps sent it back.
+    Priced with a run over the batch's rounds (from runs of one round and the timing verify's run of 8), trees
+    stay in force; with 0.01 s a round drafting without trees does win, and is taken."""
+    def path(per_round):
+        e = Engine(8, fallback_seconds=per_round, fallback_per_round=True)
+        kinds = ""
+        for _ in range(40):
+            lookaheads = e.step(lambda v, lookup: v if lookup == "neural" else 0,
+                                lookup_of=lambda i: "neural" if i == 0 else "hit")
+            kinds += "." if not any(lookaheads) else "T" if any(e.verified_trees) else "M"
+        return kinds
+
+    assert "M" not in path(0.03)[2:]  # after the timing verify (drafted without trees)
+    assert path(0.01).endswith("M" * 10)
+
+
+def test_a_speculative_kind_not_measured_at_a_batch_is_not_priced_below_one_that_was():
+    """At batch 8 two of four proposals are kept, but every speculative step waits 1.5 of its forward more (the
+    draft side cannot keep up), which only measured steps show. Trees were measured slow and left for
+    autoregressive steps; drafting without trees, never measured here, was priced at autoregressive steps'
+    factor, taken after the dwell, and run for 5 steps before its own steps sent the policy back. Now a
+    speculative kind not measured at a batch is priced at least at another's measured factor there, and is not
+    taken. (The price of the rule: where drafting without trees would in fact pay less of the wait, as here with
+    a wait of 0.3 of a forward, it is not found either.)"""
+    b = 8
+    engine = Engine(b, prefill_rows=400, prefill_seconds=2.0)
+
+    def wait(lookaheads, trees):
+        return 1.5 * forward_seconds(sum(1 + v for v in lookaheads), b) if any(lookaheads) else 0.0
+
+    kinds = ""
+    for _ in range(40):
+        lookaheads = engine.step(lambda v, lookup: min(v, 2), extra=wait)
+        kinds += "." if not any(lookaheads) else "T" if any(engine.verified_trees) else "M"
+    assert "TTT" in kinds and kinds.endswith("." * 10)
+    assert "M" not in kinds[kinds.index("TTT"):]  # after the timing steps (a verify drafted without trees)
 
 
 def test_what_steps_cost_beyond_the_model_is_learnt_again_at_a_new_context():

@@ -200,7 +200,7 @@ def test_calibrated_acceptance_tracks_each_probability_decile():
     assert unseen == pytest.approx(0.7)  # no outcomes yet: the overall prior
 
 
-def test_fallback_choice_learns_only_from_what_answers_a_trees_miss():
+def test_fallback_choice_learns_the_neural_kinds_tokens_from_treeless_rounds_not_their_time():
     # k 4, batch 1, verify 0.1 s, a fresh fan-out planner (no draft step timed: the neural kind's prior time is 0),
     # priors hit rate 0.5, 2 tokens per hit, a tree costing one verify. The speed model's round speed (tokens over
     # time in verifies): 0.5 * 2 + 0.5 * e_miss over 0.5 + 0.5 * (1 + t_miss).
@@ -210,12 +210,19 @@ def test_fallback_choice_learns_only_from_what_answers_a_trees_miss():
         f.observe_emitted("fast", 0)
         f.observe_run("fast", 0.0)
     assert f.choose(1) == "neural"  # the neural kind's prior, 2.0 / 1.0, against the fast kind's 1.5 / 1.0
-    # The adaptive policy's treeless rounds (drafted by the draft model, the first after autoregressive steps) are
-    # no misses: counted, one would make the neural kind 1.0 / 25.75 for good (it is only measured again when chosen).
+    # The adaptive policy's treeless rounds are drafted by the draft model from the committed text, as the neural
+    # kind answers a miss: their tokens are its tokens. One kept nothing: 1.5 / 1.0, and the fast kind holds (before:
+    # not counted, the neural kind kept its prior and was tried on the next misses, each waiting for it).
     f.observe_emitted("neural", 0, tree_round=False)
     f.observe_run("neural", 5.0, tree_round=False)
+    assert f.choose(1) == "fast"
+    # Their run time is not its time (the first after autoregressive steps catches the draft up first): counted,
+    # 5 s against a 0.1 s verify would price it at 1.5 / 25.75. Two more keeping all 4 proposals: (1 + 5 + 5) / 3
+    # tokens, 2.83 / 1.0.
+    for _ in range(2):
+        f.observe_emitted("neural", 4, tree_round=False)
     assert f.choose(1) == "neural"
-    # Misses it answered, keeping nothing in 1.5 verifies: 1.0 / 1.75, and the fast kind's 1.5 / 1.0 wins.
+    # Misses it answered, keeping nothing in 1.5 verifies: 3.0 tokens, 2.5 / 1.75, and the fast kind's 1.5 / 1.0 wins.
     f.observe_emitted("neural", 0)
     f.observe_run("neural", 0.15)
     assert f.choose(1) == "fast"
