@@ -81,18 +81,20 @@ StepPlan AdaptivePolicy::choose(const Options& o, int64_t b, const std::vector<A
   const int64_t full = b * (config_.k + 1);
   // A forward size never timed is timed first, without trees beside it: one
   // row per sequence (an autoregressive step), then in ssd a full verify.
-  // Not while a speculative kind is in force and the batch shrank below one
-  // whose forward was timed: the tail of a batch, which drains on
-  // speculation (it spreads the sequences' progress). Its forwards are
+  // Not while the batch shrank, within the dwell, below one whose forward
+  // was timed: the tail of a batch, which drains unevenly once any step
+  // speculated; a batch that stays smaller is timed then. Its forwards are
   // priced from the larger batch's (interpolated, or flat below the
   // smallest: never cheaper, so autoregressive steps are not favoured), and
   // its timing steps (an autoregressive step, then a verify without trees)
-  // cost two switches and a fallback run each time the batch passed a size:
-  // 3-4 switches in the last second of MT-bench T 0 batch-4 runs.
+  // cost two switches and a draft run over the batch each time it passed a
+  // size: 3-4 switches in the last second of MT-bench T 0 batch-4 runs. (An
+  // autoregressive step costs nothing while they are in force: it is taken.)
   const bool free_plan = forced_.empty();
   if (forward_.measured_near(b)) timed_batch_ = std::max(timed_batch_, b);
-  const bool draining = kind_ != Drafting::kNone && b < timed_batch_;
-  const bool explore = free_plan && !draining && !forward_.measured_near(b) && timing_rows_ != b;
+  const bool draining = b < timed_batch_ && step_ - shrank_at_ < kDwellSteps;
+  const bool explore =
+      free_plan && !(draining && kind_ != Drafting::kNone) && !forward_.measured_near(b) && timing_rows_ != b;
   const bool calibrate = free_plan && !draining && !explore && config_.mode == "ssd" &&
                          !forward_.measured_near(full) && timing_rows_ != full;
   // ... and timed again, while a speculative kind is in force, once the
@@ -126,12 +128,10 @@ StepPlan AdaptivePolicy::choose(const Options& o, int64_t b, const std::vector<A
     chosen = o.none;
   } else if (retiming_ || hold) {
     if (retiming_) SSD_LOG_DEBUG("adaptive: timing the forward of batch " << b << " again at context " << context_);
-    // The kind in force stays; should its plan, priced before the forward
-    // was timed again, verify nothing, its rounds verify every proposal.
-    if (chosen.drafting == Drafting::kNone && kind_ != Drafting::kNone) {
-      chosen.drafting = kind_;
-      chosen.threshold = 0.0;
-    }
+    // The kind in force stays, even should its plan, priced before the
+    // forward was timed again, verify nothing (its rounds then verify
+    // nothing for a step; the next plan decides at the new timing).
+    if (kind_ != Drafting::kNone) chosen.drafting = kind_;
   } else if (calibrate) {
     chosen = o.misses;
   } else if (warming) {
@@ -211,6 +211,7 @@ void AdaptivePolicy::plan(const std::vector<Sequence*>& decoding, const DraftCou
                 });
   learn_draft_costs(draft_totals);
   const auto b = static_cast<int64_t>(decoding.size());
+  if (b < last_batch_) shrank_at_ = step_ + 1;  // the plan about to be made
   last_batch_ = b;
   context_ = 0.0;
   for (const Sequence* seq : decoding) context_ += static_cast<double>(seq->num_computed) / static_cast<double>(b);

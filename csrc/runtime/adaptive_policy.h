@@ -48,7 +48,8 @@
 // full verify's forward (so the cost of every lookahead in between is
 // interpolated between two uncontended measurements); not for a batch that
 // shrank below a timed one while a speculative kind is in force (a draining
-// tail, priced from the larger batch's forwards), and until
+// tail, priced from the larger batch's forwards) until it has stayed
+// smaller for kDwellSteps, and until
 // kWarmupTrials proposals were verified every round verifies k with the best
 // speculative kind.
 //
@@ -221,6 +222,7 @@ class AdaptivePolicy {
   bool started_ = false;                    // a sequence's first round was assigned since the last plan
   int64_t timing_rows_ = 0;                 // a forward the last plan asked for, to time it
   int64_t timed_batch_ = 0;                 // the largest batch planned at whose forward was timed
+  int64_t shrank_at_ = -kDwellSteps;        // the plan (step_) at which the batch last shrank
   int64_t last_batch_ = 0;
   double context_ = 0.0;                    // mean KV length of the step's decoding sequences
   bool retiming_ = false;                   // this plan times the forward again (one autoregressive step)

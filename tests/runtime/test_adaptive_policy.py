@@ -34,8 +34,9 @@ outcomes the behaviour under test depends on:
   taken only if it beats autoregressive steps by the hysteresis;
 - the warm-up goes on until a step of the kind it warms was compared with
   the model;
-- a batch that drains while trees are in force is priced from the larger
-  batch's forwards, without timing steps;
+- a batch that drains is priced from the larger batch's forwards, without
+  timing steps while trees are in force and without a timing verify while
+  autoregressive steps are, until it has stayed smaller for the dwell;
 - a speculative kind is left for autoregressive steps only after their
   forward was timed at the context of the step (whichever rule leaves);
 - drafting without trees is priced with a draft run over every sequence's
@@ -325,7 +326,7 @@ def test_a_batch_draining_on_trees_is_priced_from_the_larger_batchs_forwards():
     then a verify without trees, and went back to trees, two switches and a fallback run for each size the tail
     passed (in the engine, 3-4 switches in the last second of a batch-4 run). Now the tail is priced from batch 4's
     forwards (one row per sequence flat below the smallest size timed, never cheaper) and every round of the two
-    goes on with trees."""
+    goes on with trees, until the batch has stayed smaller for the dwell."""
     e = Engine(4)
     e.run(30, every)
     before = e.policy.stats()
@@ -339,6 +340,28 @@ def test_a_batch_draining_on_trees_is_priced_from_the_larger_batchs_forwards():
     assert s["policy_drafting"] == "trees" and s["policy_batch"] == 2
     assert s["adaptive_switches"] == before["adaptive_switches"]
     assert s["adaptive_ar_steps"] == before["adaptive_ar_steps"]
+    # A batch that stays smaller (a server's load fell) is no tail: after the dwell its forward is timed.
+    later = [e.step(every) for _ in range(6)]
+    assert any(not any(lookaheads) for lookaheads in later)
+    assert e.policy.stats()["adaptive_ar_steps"] > before["adaptive_ar_steps"]
+
+
+def test_a_draining_batch_on_autoregressive_steps_times_no_verify_until_it_stays_smaller():
+    """Nothing is kept, so autoregressive steps are in force at batch 4 when two sequences finish. Their forward at
+    batch 2 is timed by an autoregressive step (free: it is the kind in force), but the verify of batch 2 was timed
+    at once by a step drafting without trees, a draft run over the batch that a tail of a step or two never earns
+    back (in the engine: MT-bench T 1 batch 8, the last sequences of the timed run). Now only once the batch has
+    stayed smaller for the dwell."""
+    e = Engine(4, fallback_seconds=0.05)
+    e.run(30, none_kept)
+    assert e.policy.stats()["policy_drafting"] == "none"
+    e.finish(2)
+    e.finish(3)
+    kinds = ""
+    for _ in range(14):
+        lookaheads = e.step(none_kept)
+        kinds += "." if not any(lookaheads) else "T" if any(e.verified_trees) else "M"
+    assert kinds.startswith("." * 8) and "M" in kinds
 
 
 def test_a_speculative_kind_is_left_for_autoregressive_steps_only_after_timing_them_at_this_context():
