@@ -180,20 +180,17 @@ StepCosts AdaptivePolicy::costs_at(int64_t batch, int64_t rows, Drafting kind, C
 
 double AdaptivePolicy::step_prior(Drafting kind, int64_t batch) const {
   double prior = step_all_[index_of(kind)].value(kPriorStepFactor);
-  // What autoregressive steps at this batch cost beyond the model (the
-  // engine's own work) a speculative step costs too: a kind not yet
-  // measured here is not priced below them.
-  const auto& none = step_by_batch_[index_of(Drafting::kNone)];
-  if (const auto n = none.find(batch); kind != Drafting::kNone && n != none.end())
-    prior = std::max(prior, n->second.value(step_all_[index_of(Drafting::kNone)].value(kPriorStepFactor)));
-  // Nor below another speculative kind measured here: the waits the model
-  // leaves out at this batch (the draft side's, the engine's) are taken to
-  // be paid by any kind that drafts. Priced at autoregressive steps' factor,
-  // drafting without trees (0.998) looked 6 % ahead of trees measured at
-  // 1.14 at HumanEval T 0 batch 4, was taken, and its steps sent the policy
-  // to autoregressive steps for the dwell (0.64x fixed ssd).
-  for (Drafting other : {Drafting::kSequential, Drafting::kTrees, Drafting::kMisses}) {
-    if (kind == Drafting::kNone || other == kind) continue;
+  // A speculative kind not yet measured at this batch is priced at least
+  // as any other kind measured there: what autoregressive steps cost beyond
+  // the model (the engine's own work) every step costs, and the waits a
+  // speculative kind pays (the draft side's) any kind that drafts. Priced at
+  // autoregressive steps' factor, drafting without trees (0.998) looked 6 %
+  // ahead of trees measured at 1.14 at HumanEval T 0 batch 4, was taken, and
+  // its steps sent the policy to autoregressive steps for the dwell (0.64x
+  // fixed ssd).
+  if (kind == Drafting::kNone) return prior;
+  for (Drafting other : {Drafting::kNone, Drafting::kSequential, Drafting::kTrees, Drafting::kMisses}) {
+    if (other == kind) continue;
     const auto& measured = step_by_batch_[index_of(other)];
     if (const auto m = measured.find(batch); m != measured.end())
       prior = std::max(prior, m->second.value(step_all_[index_of(other)].value(kPriorStepFactor)));

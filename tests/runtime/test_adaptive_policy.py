@@ -100,8 +100,9 @@ class Engine:
             draft_totals = dict(self.totals)
         p.plan(draft_totals or {}, context=context)
         # What this step verifies (planned a step ago), for the sequences still decoding.
-        lookaheads = [p.lookaheads()[i] for i in self.active]
-        trees = [p.trees()[i] for i in self.active]
+        planned, planned_trees = p.lookaheads(), p.trees()
+        lookaheads = [planned[i] for i in self.active]
+        trees = [planned_trees[i] for i in self.active]
         self.verified_trees = trees  # of this step's rounds (p.trees(), after the step: of the next step's)
         rows = sum(1 + v for v in lookaheads)
         seconds = forward(rows, context) if forward else forward_seconds(rows, b)
@@ -115,8 +116,8 @@ class Engine:
             self.tree_built[i] = tree and v > 0
             missed += lookup in ("neural", "fast")
         if missed and self.fallback_seconds is not None:
-            seconds += self.fallback_seconds * (missed if self.fallback_per_round else 1)
             run = self.fallback_seconds * (missed if self.fallback_per_round else 1)
+            seconds += run
             self.totals["fallback_batches"] += 1
             self.totals["fallback_seconds"] += run
             self.totals["neural_fallback_batches"] += 1
