@@ -189,7 +189,7 @@ double AdaptivePolicy::step_prior(Drafting kind, int64_t batch) const {
   // its steps sent the policy to autoregressive steps for the dwell (0.64x
   // fixed ssd).
   if (kind == Drafting::kNone) return prior;
-  for (Drafting other : {Drafting::kNone, Drafting::kSequential, Drafting::kTrees, Drafting::kMisses}) {
+  for (Drafting other : kinds_) {
     if (other == kind) continue;
     const auto& measured = step_by_batch_[index_of(other)];
     if (const auto m = measured.find(batch); m != measured.end())
