@@ -125,6 +125,10 @@ class Engine:
         p.observe_step(seconds + (extra(lookaheads, trees) if extra else 0.0))
         return lookaheads
 
+    def verified_kind(self, lookaheads):
+        """What the step that verified `lookaheads` ran: "." autoregressive, "T" rounds with trees, "M" without."""
+        return "." if not any(lookaheads) else "T" if any(self.verified_trees) else "M"
+
     def run(self, steps, kept, **kw):
         for _ in range(steps):
             self.step(kept, **kw)
@@ -361,7 +365,7 @@ def test_a_draining_batch_on_autoregressive_steps_times_no_verify_until_it_stays
     kinds = ""
     for _ in range(14):
         lookaheads = e.step(none_kept)
-        kinds += "." if not any(lookaheads) else "T" if any(e.verified_trees) else "M"
+        kinds += e.verified_kind(lookaheads)
     assert kinds.startswith("." * 8) and "M" in kinds
 
 
@@ -402,7 +406,7 @@ def test_drafting_without_trees_is_priced_with_a_run_over_every_sequence():
         for _ in range(40):
             lookaheads = e.step(lambda v, lookup: v if lookup == "neural" else 0,
                                 lookup_of=lambda i: "neural" if i == 0 else "hit")
-            kinds += "." if not any(lookaheads) else "T" if any(e.verified_trees) else "M"
+            kinds += e.verified_kind(lookaheads)
         return kinds
 
     assert "M" not in path(0.03)[2:]  # after the timing verify (drafted without trees)
@@ -426,7 +430,7 @@ def test_a_speculative_kind_not_measured_at_a_batch_is_not_priced_below_one_that
     kinds = ""
     for _ in range(40):
         lookaheads = engine.step(lambda v, lookup: min(v, 2), extra=wait)
-        kinds += "." if not any(lookaheads) else "T" if any(engine.verified_trees) else "M"
+        kinds += engine.verified_kind(lookaheads)
     assert "TTT" in kinds and kinds.endswith("." * 10)
     assert "M" not in kinds[kinds.index("TTT"):]  # after the timing steps (a verify drafted without trees)
 
