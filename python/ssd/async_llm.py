@@ -5,7 +5,9 @@ awaits the C++ engine without holding the GIL, hands each request's chunks to
 the event loop that submitted it (``call_soon_threadsafe``); an ``async for``
 reads them from that request's own ``asyncio.Queue``. Leaving the loop early
 (``break``, an exception, the task cancelled because a client disconnected)
-cancels the request, which frees its KV blocks.
+cancels the request, which frees its KV blocks. The registry of requests in
+flight holds each weakly: a request never iterated leaves it when it finishes,
+and one whose handle is dropped is cancelled.
 
     llm = AsyncLLM(LLM("model.gguf"))
     async for chunk in llm.generate("Hello", SamplingParams(max_tokens=16)):
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from typing import AsyncIterator
 
 from ssd.config import SamplingParams
@@ -52,7 +55,7 @@ class AsyncRequest:
     def close(self) -> None:
         """For a request that will not be iterated: cancels it and forgets it."""
         self._handle.cancel()
-        self._owner._forget(self.request_id)
+        self._owner._forget(self.request_id, self)
 
     async def __aiter__(self) -> AsyncIterator[StreamChunk]:
         try:
@@ -63,7 +66,7 @@ class AsyncRequest:
                 self.finished = chunk.finish_reason is not None
                 yield chunk
         finally:
-            self._owner._forget(self.request_id)
+            self._owner._forget(self.request_id, self)
             if not self.finished:
                 self._handle.cancel()
 
@@ -78,7 +81,8 @@ class AsyncLLM:
     def __init__(self, llm: LLM):
         self.llm = llm
         self._lock = threading.Lock()
-        self._requests: dict[str, AsyncRequest] = {}
+        # Weakly: a dropped handle's request is cancelled (its finalizer), a finished one forgotten (its listener).
+        self._requests: weakref.WeakValueDictionary[str, AsyncRequest] = weakref.WeakValueDictionary()
         self._next_id = 0
 
     @property
@@ -96,10 +100,17 @@ class AsyncLLM:
         """
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[StreamChunk] = asyncio.Queue()
+        ref: list[weakref.ref] = []  # the request, once made; the listener must not keep it alive
 
-        def listener(chunk: StreamChunk) -> None:  # on the dispatcher's thread
+        def deliver(chunk: StreamChunk) -> None:  # on the loop: submit() has returned by now
+            queue.put_nowait(chunk)
+            request = ref[0]() if chunk.finish_reason is not None else None
+            if request is not None:  # finished: in flight no longer, read or not
+                self._forget(request.request_id, request)
+
+        def listener(chunk: StreamChunk) -> None:  # on the dispatcher's thread, which holds its lock
             try:
-                loop.call_soon_threadsafe(queue.put_nowait, chunk)
+                loop.call_soon_threadsafe(deliver, chunk)
             except RuntimeError:
                 pass  # the loop is closed: nobody is left to read the chunk
 
@@ -112,6 +123,8 @@ class AsyncLLM:
                 raise ValueError(f"request_id: {request_id!r} is already in flight")
             (handle,) = self.llm._dispatcher.submit(prepared, listeners=[listener])
             request = AsyncRequest(self, request_id, handle, queue)
+            weakref.finalize(request, handle.cancel)  # dropped unread: cancelled (a no-op once finished)
+            ref.append(weakref.ref(request))
             self._requests[request_id] = request
         return request
 
@@ -146,6 +159,7 @@ class AsyncLLM:
     def shutdown(self) -> None:
         self.llm.shutdown()
 
-    def _forget(self, request_id: str) -> None:
+    def _forget(self, request_id: str, request: AsyncRequest) -> None:
         with self._lock:
-            self._requests.pop(request_id, None)
+            if self._requests.get(request_id) is request:
+                del self._requests[request_id]

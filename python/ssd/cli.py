@@ -1,8 +1,9 @@
-"""The ``ssd`` command: ``ssd serve``, ``ssd generate``, ``ssd bench``.
+"""The ``ssd`` command: ``ssd serve``, ``ssd generate``, ``ssd bench``, ``ssd tokenizer``.
 
     ssd serve [MODEL] [--draft DRAFT --mode ar|sd|ssd --k 4 ...] [--host H --port P --api-key KEY]
     ssd generate [python -m ssd's options]
     ssd bench [python -m ssd.bench's options]
+    ssd tokenizer [MODEL] --out DIR
 
 ``ssd serve`` takes every EngineConfig field as an option (--max-model-len,
 --target-threads, --fanout-budget, ...), made from the dataclass itself.
@@ -14,7 +15,7 @@ import dataclasses
 import logging
 import sys
 
-from ssd.config import EngineConfig
+from ssd.config import EngineConfig, ServerLimits
 
 
 def _fanout(text: str):
@@ -74,6 +75,19 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--hit-rate-warning", type=float, default=0.6,
                    help="log a warning when the ssd cache hit rate over a recent window is below this (default 0.6)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    limits = ServerLimits()
+    p.add_argument("--max-body-bytes", type=int, default=limits.max_body_bytes,
+                   help=f"largest request body; 413 past it (default {limits.max_body_bytes})")
+    p.add_argument("--header-timeout", type=float, default=limits.header_timeout_s,
+                   help=f"seconds a request's headers may take to arrive; 408 past it (default "
+                        f"{limits.header_timeout_s:g})")
+    p.add_argument("--body-timeout", type=float, default=limits.body_timeout_s,
+                   help=f"seconds a request's body may take after its headers; 408 past it (default "
+                        f"{limits.body_timeout_s:g})")
+    p.add_argument("--max-connections", type=int, default=limits.max_connections,
+                   help=f"open connections; a request on one more gets 503 (default {limits.max_connections})")
+    p.add_argument("--protect-metrics", action="store_true",
+                   help="with --api-key, /metrics needs the key too (default: open, as /health)")
     add_engine_options(p)
     return p
 
@@ -83,6 +97,12 @@ def serve_main(argv: list[str]) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.max_waiting < 0:
         print("ssd serve: --max-waiting must be >= 0", file=sys.stderr)
+        return 2
+    try:
+        limits = ServerLimits(max_body_bytes=args.max_body_bytes, header_timeout_s=args.header_timeout,
+                              body_timeout_s=args.body_timeout, max_connections=args.max_connections)
+    except ValueError as e:
+        print(f"ssd serve: {e}", file=sys.stderr)
         return 2
     from ssd import LLM
     from ssd.async_llm import AsyncLLM
@@ -101,19 +121,48 @@ def serve_main(argv: list[str]) -> int:
         return 2
     state = ServerState(AsyncLLM(llm), model_name=args.served_model_name or llm.model.name, api_key=args.api_key,
                         max_in_flight=llm.config.max_batch + args.max_waiting,
-                        hit_rate_threshold=args.hit_rate_warning)
+                        hit_rate_threshold=args.hit_rate_warning, limits=limits,
+                        protect_metrics=args.protect_metrics)
     logging.getLogger("ssd.serve").info("serving %s (%s) on http://%s:%d", state.model_name, llm.config.mode,
                                         args.host, args.port)
+    server = make_server(state, host=args.host, port=args.port, drain_s=args.drain_timeout,
+                         log_level=args.log_level)
     try:
-        make_server(state, host=args.host, port=args.port, drain_s=args.drain_timeout,
-                    log_level=args.log_level).run()
+        server.run()
     finally:
         llm.shutdown()
+    return 1 if server.forced else 0
+
+
+def tokenizer_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="ssd tokenizer",
+        description="Writes a model's tokenizer and chat template as a HuggingFace tokenizer directory, so that "
+                    "clients (load generators such as aiperf or guidellm) count tokens as ssd serve does.")
+    p.add_argument("model", nargs="?", default=None,
+                   help="HF directory or GGUF file (default: SmolLM2-135M-Instruct's GGUF, as ssd serve)")
+    p.add_argument("--out", required=True, help="directory to write (created; files in it are replaced)")
+    args = p.parse_args(argv)
+    from ssd.models import load_tokenizer
+    from ssd.models.hf_export import write_hf_tokenizer
+
+    if args.model is None:
+        from ssd.assets import smollm2_gguf_path
+
+        args.model = str(smollm2_gguf_path())
+    try:
+        tokenizer = load_tokenizer(args.model)
+        written = write_hf_tokenizer(tokenizer, args.out)
+    except (ValueError, OSError) as e:
+        print(f"ssd tokenizer: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {', '.join(p.name for p in written)} to {args.out}")
     return 0
 
 
 COMMANDS = {"serve": "an OpenAI-compatible HTTP server", "generate": "generate for a few prompts (python -m ssd)",
-            "bench": "benchmarks (python -m ssd.bench)"}
+            "bench": "benchmarks (python -m ssd.bench)",
+            "tokenizer": "write a model's tokenizer as a HuggingFace tokenizer directory"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command == "serve":
         return serve_main(rest)
+    if command == "tokenizer":
+        return tokenizer_main(rest)
     if command == "generate":
         from ssd.__main__ import main as generate_main
 

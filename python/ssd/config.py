@@ -206,6 +206,8 @@ class SamplingParams:
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"stop: every stop string must be a non-empty string, got {s!r}")
+            if not s.isascii() and any(0xD800 <= ord(c) <= 0xDFFF for c in s):
+                raise ValueError(f"stop: {s!r} is not valid Unicode (it holds a lone surrogate)")
         if isinstance(self.stop_token_ids, (str, bytes)) or not hasattr(self.stop_token_ids, "__iter__"):
             raise ValueError(f"stop_token_ids: must be a list of token ids, got {self.stop_token_ids!r}")
         # Token ids are int32 in the core; the vocabulary bound is checked where the model is known.
@@ -218,3 +220,27 @@ class SamplingParams:
         d.pop("stop")
         d["logprobs"] = -1 if self.logprobs is None else self.logprobs
         return d
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """The server's limits and timeouts (``ssd serve --max-body-bytes --header-timeout --body-timeout
+    --max-connections``; docs/serving.md).
+
+    max_body_bytes: a request body's size (413 past it). header_timeout_s: from a
+    connection's first byte of a request (or its opening) to the end of that
+    request's headers (408). body_timeout_s: from the end of the headers to the
+    end of the body (408). max_connections: open connections; one past it gets 503
+    for its request and is closed.
+    """
+
+    max_body_bytes: int = 4 * 2**20
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    max_connections: int = 512
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{f.name}: must be a number > 0, got {value!r}")

@@ -17,6 +17,7 @@ from typing import Iterator, Sequence
 from ssd import _logging
 from ssd.config import EngineConfig, SamplingParams
 from ssd.dispatch import RequestOutput, ResponseDispatcher, StreamChunk
+from ssd.models.tokenizer import TooManyTokens
 
 __all__ = ["LLM", "RequestOutput", "StreamChunk"]
 
@@ -119,11 +120,21 @@ class LLM:
         return self.model.tokenizer
 
     def _prompt_ids(self, index: int, prompt) -> tuple[str | None, list[int]]:
+        limit = self.config.max_model_len
+        if isinstance(prompt, (bytes, bytearray, memoryview)):
+            raise TypeError(f"prompt {index}: bytes are not a prompt; decode them to a str, or pass a list of "
+                            "token ids")
         if isinstance(prompt, str):
             if self.model.tokenizer is None:
                 raise ValueError(f"prompt {index}: a text prompt needs a tokenizer, and "
                                  f"{self.model.source} has none; pass token ids instead")
-            ids = self.model.tokenizer.encode(prompt)
+            try:
+                ids = self.model.tokenizer.encode_within(prompt, limit - 1)
+            except TooManyTokens as e:
+                raise ValueError(f"prompt {index}: {e.num_tokens} tokens do not fit max_model_len {limit} (at "
+                                 "least one token must be generated)") from None
+            except ValueError as e:  # not valid Unicode
+                raise ValueError(f"prompt {index}: {e}") from None
             text = prompt
         else:
             ids, text = _token_id_list(prompt), None
@@ -136,15 +147,16 @@ class LLM:
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt {index}: token id {bad[0]} is outside the vocabulary (size {vocab})")
-        if len(ids) >= self.config.max_model_len:
-            raise ValueError(f"prompt {index}: {len(ids)} tokens do not fit max_model_len "
-                             f"{self.config.max_model_len} (at least one token must be generated)")
+        if len(ids) >= limit:
+            raise ValueError(f"prompt {index}: {len(ids)} tokens do not fit max_model_len {limit} (at least one "
+                             "token must be generated)")
         return text, ids
 
     def _prepare(self, prompts, params) -> list[tuple[int, str | None, list[int], SamplingParams]]:
-        """Checks every prompt and params entry; [(index, text, ids, params)]."""
-        if isinstance(prompts, str) or _token_id_list(prompts) is not None:
-            prompts = [prompts]  # one prompt
+        """Checks every prompt and params entry; [(index, text, ids, params)]. An empty list is no prompts."""
+        if isinstance(prompts, (str, bytes, bytearray, memoryview)) or (
+                _token_id_list(prompts) is not None and len(prompts) > 0):
+            prompts = [prompts]  # one prompt (bytes: refused by _prompt_ids)
         prompts = list(prompts)
         if params is None:
             params = SamplingParams()
@@ -173,9 +185,12 @@ class LLM:
         """Generates for every prompt (strings or token-id lists); outputs in prompt order.
 
         Every prompt and params entry is checked before anything is queued; an
-        invalid one raises ValueError naming its index.
+        invalid one raises ValueError naming its index (TypeError for bytes).
+        No prompts (``[]``): no outputs.
         """
         prepared = self._prepare(prompts, params)
+        if not prepared:
+            return []
         finished: queue.SimpleQueue = queue.SimpleQueue()
         # All at once: the engine's first step then prefills the whole batch.
         handles = self._dispatcher.submit(prepared, done_queue=finished)
@@ -219,8 +234,9 @@ class LLM:
     def chat(self, messages, params: SamplingParams | None = None):
         """Applies the model's chat template and generates.
 
-        messages: one conversation (a list of {"role", "content"} dicts) ->
-        one RequestOutput; a list of conversations -> a list of them.
+        messages: one conversation (a list of {"role", "content"} dicts; a
+        content may be OpenAI's list of text parts) -> one RequestOutput; a
+        list of conversations -> a list of them.
         """
         single = bool(messages) and isinstance(messages[0], dict)
         conversations = [messages] if single else list(messages)

@@ -94,3 +94,69 @@ def test_default_configuration_stays_under_1_5_gb():
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert got["max_model_len"] == 8192 and got["tokens"] == 32
     assert got["peak"] < 1.5e9, f"peak resident memory {got['peak'] / 1e9:.2f} GB"
+
+
+def test_inputs_that_are_no_prompts_are_refused_and_none_is_none(llm):
+    assert llm.generate([]) == [] and llm.generate([], SamplingParams(max_tokens=2)) == []
+    with pytest.raises(TypeError, match="prompt 0: bytes are not a prompt"):
+        llm.generate(b"Hello")  # once read as the token ids 72, 101, ...
+    with pytest.raises(TypeError, match="prompt 1: bytes are not a prompt"):
+        llm.generate(["Hello", bytearray(b"Hello")])
+    for text, where in (("\ud800", 0), ("ok \udfff", 3)):  # the tokenizer raised TypeError
+        with pytest.raises(ValueError, match=f"prompt 0: is not valid Unicode: a lone surrogate .* at character "
+                                             f"{where}"):
+            llm.generate(text)
+    with pytest.raises(ValueError, match="not valid Unicode"):
+        llm.chat([{"role": "user", "content": "\ud83d"}])
+    with pytest.raises(ValueError, match="stop: .* is not valid Unicode"):
+        SamplingParams(stop=["\ud800"])
+
+
+def test_chat_takes_openais_text_parts(llm):
+    greedy = SamplingParams(temperature=0, max_tokens=6)
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Name a river."},
+                                          {"type": "text", "text": "One word."}]}]
+    joined = [{"role": "user", "content": "Name a river.\nOne word."}]
+    assert llm.chat_prompt(parts) == llm.chat_prompt(joined)
+    assert llm.chat(parts, greedy).token_ids == llm.chat(joined, greedy).token_ids
+    with pytest.raises(ValueError, match=r"messages\[0\].content\[1\].type: content parts of type 'image_url'"):
+        llm.chat([{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url"}]}])
+
+
+def test_a_prompt_far_over_the_context_is_refused_by_its_count(llm):
+    """The ids of a text over max_model_len never become a list (the count is read first); the message is
+    the one a list of ids gets."""
+    text = "word " * 19999 + "word"
+    with pytest.raises(ValueError, match="prompt 0: 20000 tokens do not fit max_model_len 512"):
+        llm.generate(text)
+    with pytest.raises(ValueError, match="prompt 0: 20000 tokens do not fit max_model_len 512"):
+        llm.generate([llm.tokenizer.encode(text)])
+    from ssd.models.tokenizer import TooManyTokens
+
+    with pytest.raises(TooManyTokens) as e:
+        llm.tokenizer.encode_within(text, 100)
+    assert (e.value.num_tokens, e.value.limit) == (20000, 100)
+    at_limit = ("word " * 100).strip()
+    assert len(llm.tokenizer.encode_within(at_limit, 100)) == 100
+
+
+def test_ssd_tokenizer_writes_what_huggingface_loads_as_ssd_counts(tmp_path):
+    """`ssd tokenizer` output loads with transformers, and gives the ids and chat prompts the server uses."""
+    from transformers import AutoTokenizer
+
+    from ssd.models import load_tokenizer
+
+    r = subprocess.run([sys.executable, "-m", "ssd.cli", "tokenizer", str(smollm2_gguf_path()), "--out",
+                        str(tmp_path / "tok")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    hf = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
+    ours = load_tokenizer(smollm2_gguf_path())
+    for text in ("Hello world 12345", "<|im_start|>user\nhi<|im_end|>\n", "  naïve café 日本語 🎉\n\tdef f(x):"):
+        assert hf(text)["input_ids"] == ours.encode(text), text
+    for messages in ([{"role": "user", "content": "hi"}],
+                     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a river."}]):
+        assert hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == \
+            ours.apply_chat_template(messages)
+    r = subprocess.run([sys.executable, "-m", "ssd.cli", "tokenizer", str(tmp_path / "missing.gguf"), "--out",
+                        str(tmp_path / "x")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "model path does not exist" in r.stderr and "Traceback" not in r.stderr

@@ -1,6 +1,6 @@
 """python -m tests.fuzz TARGET [--seconds N] [--corpus DIR] [--artifacts DIR] [-- LIBFUZZER ARGS]
 
-Fuzzes one target (json, safetensors, gguf, tokenizer, chat_template) for N
+Fuzzes one target (json, safetensors, gguf, tokenizer, chat_template, server) for N
 seconds; ``--replay FILE...`` runs saved inputs (e.g. a crash-* file) once.
 Run from the repository root with the ssd under test importable. Exit status 0:
 no crash; otherwise libFuzzer's report names the input file it saved.

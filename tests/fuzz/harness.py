@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
-TARGETS = ("json", "safetensors", "gguf", "tokenizer", "chat_template")
+TARGETS = ("json", "safetensors", "gguf", "tokenizer", "chat_template", "server")
 # Python packages whose code atheris instruments for coverage, besides the
 # target module itself (C++ and Rust code is not instrumented).
 INSTRUMENTED = {
@@ -31,6 +31,7 @@ INSTRUMENTED = {
     "gguf": ("ssd.models", "gguf", "jinja2"),
     "tokenizer": ("ssd.models", "jinja2"),
     "chat_template": ("ssd.models", "jinja2"),
+    "server": ("ssd.serve", "ssd.models.tokenizer", "ssd.models.chat_template"),
 }
 HANG_SECONDS = 5
 RSS_LIMIT_MB = 3072  # torch alone holds ~0.5 GB; an input that needs GBs is a crash

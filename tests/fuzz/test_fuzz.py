@@ -2,8 +2,8 @@
 
 The long runs (10 minutes per target and more) are ``python -m tests.fuzz
 TARGET --seconds 600``; this test is the smoke run that keeps the targets and
-their documented error types honest on every commit. All targets together take
-under two minutes (``SECONDS`` each plus 3-9 s of start-up: ~90 s on 2 cores).
+their documented error types honest on every commit. All six targets together
+take about two minutes (``SECONDS`` each plus 3-9 s of start-up: ~100 s on 2 cores).
 """
 from __future__ import annotations
 

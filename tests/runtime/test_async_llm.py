@@ -121,3 +121,31 @@ def test_shutdown_ends_every_stream(pair):
     assert asyncio.run(main()) in ("cancelled", "length")  # shut down before the end, or it ended first
     with pytest.raises(RuntimeError, match="shut down"):
         asyncio.run(collect(engine, [1], greedy(2)))
+
+
+def test_a_request_never_iterated_leaves_when_it_finishes_or_is_dropped(engine):
+    """The registry holds requests weakly: one that finishes unread is no longer in flight, and one whose
+    handle is dropped is cancelled (it held its KV blocks and its slot in num_in_flight for ever)."""
+    import gc
+
+    async def main():
+        kept = engine.submit([1, 2, 3], greedy(4))
+        for _ in range(500):
+            if engine.num_in_flight() == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert engine.num_in_flight() == 0 and kept.output.finish_reason == "length"
+        assert len([c async for c in kept]) >= 1  # still readable, to its last chunk
+
+        dropped = engine.submit([4, 5, 6], greedy(250, ignore_eos=True))
+        handle = dropped._handle
+        del dropped
+        gc.collect()
+        assert engine.num_in_flight() == 0
+        for _ in range(500):
+            if idle(engine):
+                return handle.output.finish_reason == "cancelled"
+            await asyncio.sleep(0.01)
+        return False
+
+    assert asyncio.run(main())

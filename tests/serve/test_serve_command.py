@@ -129,3 +129,103 @@ def test_bad_engine_values_exit_2_naming_the_field():
     assert r.returncode == 2 and "ssd serve: k: must be > 0" in r.stderr, r.stderr[-2000:]
     r = subprocess.run([sys.executable, "-m", "ssd.cli", "bogus"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "usage: ssd COMMAND" in r.stdout
+
+
+def test_sigint_drains_as_sigterm_does(serve_factory):
+    srv = serve_factory("--drain-timeout", "60")
+    cm, lines, _ = _stream_until_first_chunk(srv.url, 48)
+    srv.proc.send_signal(signal.SIGINT)
+    assert _rest(lines) == ("length", 48)
+    cm.__exit__(None, None, None)
+    assert srv.proc.wait(30) == 0, srv.proc.stdout.read()  # uvicorn's own handling: -2
+
+
+def test_a_second_signal_exits_at_once(serve_factory):
+    srv = serve_factory("--drain-timeout", "60")
+    cm, lines, _ = _stream_until_first_chunk(srv.url, 480)
+    srv.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    srv.proc.send_signal(signal.SIGTERM)
+    status = srv.proc.wait(30)
+    assert time.monotonic() - t0 < 3.0 and status == 1, (time.monotonic() - t0, status, srv.proc.stdout.read())
+    cm.__exit__(None, None, None)
+
+
+def test_the_drain_deadline_covers_half_sent_bodies(serve_factory):
+    """A body still arriving when the deadline passes gets 503 and the server exits 0 within the deadline
+    plus its final grace (3 s); uvicorn's graceful shutdown used to add 10 s for the open connection."""
+    srv = serve_factory("--drain-timeout", "2")
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 100\r\n\r\n{\"model\": ")
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    srv.proc.send_signal(signal.SIGTERM)
+    data = b""
+    while piece := sock.recv(65536):
+        data += piece
+    assert data.startswith(b"HTTP/1.1 503") and b"shutting down" in data, data
+    assert srv.proc.wait(30) == 0, srv.proc.stdout.read()
+    assert time.monotonic() - t0 < 2 + 3 + 1
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+def test_large_bodies_stall_no_one_and_leave_no_memory(serve_factory):
+    """Five bodies just under the size limit are each tokenised (on a worker thread) and refused for length;
+    meanwhile a stream's gaps between chunks stay under 0.5 s and /health answers within 0.1 s, and the
+    server's RSS after the fifth is within 50 MB of its RSS after the first. (Before: tokenising on the event
+    loop stalled both for seconds, and each 4 MB body left about 150 MB behind.)"""
+    import threading
+
+    limit = 2_000_000
+    srv = serve_factory("--max-body-bytes", str(limit))
+    text = "The quick brown fox jumps over the lazy dog 12345. " * (limit // 50)
+    body = json.dumps({"model": "smollm2", "max_tokens": 4,
+                       "messages": [{"role": "user", "content": text[:limit - 200]}]}).encode()
+    assert limit - 1000 < len(body) <= limit
+    gaps, health, stop = [], [], threading.Event()
+
+    def stream():  # one stream after another, until the bodies are done; the gaps after each first chunk
+        while not stop.is_set():
+            cm, lines, _ = _stream_until_first_chunk(srv.url, 400)
+            last = time.monotonic()
+            for line in lines:
+                if line.startswith("data: "):
+                    now = time.monotonic()
+                    gaps.append(now - last)
+                    last = now
+                if stop.is_set():
+                    break
+            cm.__exit__(None, None, None)
+
+    def poll():
+        with httpx.Client() as client:
+            while not stop.is_set():
+                t = time.monotonic()
+                assert client.get(srv.url + "/health", timeout=10).status_code == 200
+                health.append(time.monotonic() - t)
+                time.sleep(0.05)
+
+    threads = [threading.Thread(target=stream), threading.Thread(target=poll)]
+    for t in threads:
+        t.start()
+    rss = []
+    try:
+        time.sleep(1.0)
+        for _ in range(5):
+            r = httpx.post(srv.url + "/v1/chat/completions", content=body, timeout=120,
+                           headers={"content-type": "application/json"})
+            assert r.status_code == 400 and "do not fit max_model_len" in r.json()["error"]["message"], r.text
+            rss.append(_rss_mb(srv.proc.pid))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    assert len(gaps) > 20 and max(gaps) < 0.5, sorted(gaps)[-5:]
+    assert len(health) > 20 and max(health) < 0.1, sorted(health)[-5:]
+    assert abs(rss[-1] - rss[0]) < 50, rss

@@ -19,6 +19,7 @@ from ssd.async_llm import AsyncLLM
 from ssd.serve import ServerState, ServerThread
 from ssd.serve import app as app_module
 from ssd.serve.app import build_app
+from tests.fuzz.server_stub import http_scope
 
 MODEL = "smollm2"
 CHAT = [{"role": "user", "content": "Name three rivers."}]
@@ -151,10 +152,7 @@ def test_a_stream_stopped_inside_a_send_cancels_its_request(ar_served, monkeypat
     monkeypatch.setattr(app_module._Call, "_events", holding)
     body = json.dumps({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 480, "temperature": 0,
                        "stream": True, "ignore_eos": True}).encode()
-    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-             "method": "POST", "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
-             "root_path": "", "query_string": b"", "headers": [(b"content-type", b"application/json")],
-             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
+    scope = http_scope("POST", "/v1/completions", [(b"content-type", b"application/json")])
 
     async def main():
         left, requested = asyncio.Event(), []

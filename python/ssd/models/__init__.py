@@ -10,7 +10,7 @@ Checkpoints are read by the C++ loader and weights checked by its rules
 from .config import ModelConfig, RopeScaling
 from .errors import ChatTemplateError, ModelLoadError
 from .loaded import LoadedModel
-from .loader import load
+from .loader import load, load_tokenizer
 from .tokenizer import Tokenizer
 
 __all__ = [
@@ -21,4 +21,5 @@ __all__ = [
     "RopeScaling",
     "Tokenizer",
     "load",
+    "load_tokenizer",
 ]

@@ -332,3 +332,31 @@ def render(template: jinja2.Template, variables: dict[str, Any], source: str) ->
                                 f"{RENDER_SECONDS:g} s") from None
     except Exception as exc:  # raise_exception(), bad messages, template bugs, the limits above
         raise ChatTemplateError(f"chat template of {source} failed: {exc}") from exc
+
+
+def text_messages(messages: Any) -> list[Any]:
+    """The messages a template renders: each content given as OpenAI's list of
+    parts (``[{"type": "text", "text": "..."}, ...]``) becomes its texts joined by
+    newlines (as vLLM joins them); a string, None or a non-list content is left to
+    the template. ChatTemplateError names a part that is not text:
+    ``messages[0].content[1]: ...``."""
+    out = []
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            message = {**message, "content": "\n".join(_part_text(part, f"messages[{i}].content[{j}]")
+                                                        for j, part in enumerate(content))}
+        out.append(message)
+    return out
+
+
+def _part_text(part: Any, where: str) -> str:
+    if not isinstance(part, dict):
+        raise ChatTemplateError(f"{where}: a content part must be an object with a type, got {type(part).__name__}")
+    kind = part.get("type")
+    if kind != "text":
+        raise ChatTemplateError(f"{where}.type: content parts of type {kind!r} are not supported (only 'text')")
+    text = part.get("text")
+    if not isinstance(text, str):
+        raise ChatTemplateError(f"{where}.text: a text part needs a string text, got {type(text).__name__}")
+    return text

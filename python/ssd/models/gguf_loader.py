@@ -104,6 +104,11 @@ def load_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedMod
     )
 
 
+def load_gguf_tokenizer(path: Path) -> Tokenizer | None:
+    """The tokenizer of the GGUF file at ``path`` (its metadata only; no weights are read)."""
+    return build_tokenizer(_Metadata(_open_reader(path), str(path)))
+
+
 class _Truncated(ValueError):
     """A read past the end of the file: ``needed`` bytes wanted, ``size`` there."""
 

@@ -8,6 +8,7 @@ import torch
 
 from .errors import ModelLoadError
 from .loaded import LoadedModel
+from .tokenizer import Tokenizer
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -46,6 +47,30 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu",
     raise ModelLoadError(
         f"{model_path} is neither a model directory (with config.json) nor a GGUF file"
     )
+
+
+def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
+    """The tokenizer (and chat template) of a HuggingFace directory or GGUF file, without its weights.
+
+    Raises:
+        ModelLoadError: the path cannot be read, or the model has no tokenizer.
+    """
+    model_path = Path(path).expanduser()
+    if not model_path.exists():
+        raise ModelLoadError(f"model path does not exist: {model_path}")
+    if model_path.is_dir():
+        from .hf import load_tokenizer_files
+
+        tokenizer = load_tokenizer_files(model_path)[0]
+    else:
+        from .gguf_loader import is_gguf_file, load_gguf_tokenizer
+
+        if not is_gguf_file(model_path):
+            raise ModelLoadError(f"{model_path} is neither a model directory nor a GGUF file")
+        tokenizer = load_gguf_tokenizer(model_path)
+    if tokenizer is None:
+        raise ModelLoadError(f"model at {model_path} has no tokenizer")
+    return tokenizer
 
 
 def _check_dtype(dtype: torch.dtype | str, path: Path) -> torch.dtype:

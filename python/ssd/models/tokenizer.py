@@ -7,6 +7,8 @@ jinja2 environment that offers the same helpers as HuggingFace's
 """
 from __future__ import annotations
 
+import ctypes
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -14,12 +16,51 @@ import jinja2
 import tokenizers
 import tokenizers.decoders
 
-from .chat_template import compile_template, render
+from .chat_template import compile_template, render, text_messages
 from .errors import ChatTemplateError, ModelLoadError
 
 # Stand-in for an assistant reply when probing a chat template for the token
 # it writes after each turn; plain ASCII so that no template filter alters it.
 _TURN_END_PROBE = "ssdturnendprobe"
+
+
+# Texts from this many characters on are tokenised one at a time, and the heap is trimmed after each:
+# the Rust tokenizer's working memory is about 150 times the text (4 MB of text: 600 MB at its peak), which
+# glibc's allocator keeps in its per-thread arenas after it is freed (five 4 MB bodies on two threads left
+# an HTTP server 730 MB larger).
+LARGE_TEXT_CHARS = 1 << 20
+_LARGE_TEXT = threading.Lock()
+
+
+def release_heap() -> None:
+    """Gives freed heap memory back to the system (glibc's malloc_trim; nothing elsewhere)."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            _malloc_trim = ctypes.CDLL(None).malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim = None
+
+
+class TooManyTokens(ValueError):
+    """A text with more tokens than were allowed: ``num_tokens`` against ``limit``."""
+
+    def __init__(self, num_tokens: int, limit: int) -> None:
+        super().__init__(f"{num_tokens} tokens, more than {limit}")
+        self.num_tokens, self.limit = num_tokens, limit
+
+
+def check_unicode(text: str) -> None:
+    """ValueError naming the first lone surrogate in ``text`` (a str that no UTF-8 can hold)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"is not valid Unicode: a lone surrogate {text[e.start]!r} at character {e.start}") from None
 
 
 class Tokenizer:
@@ -96,9 +137,37 @@ class Tokenizer:
 
         Returns: list of ``len == num_tokens`` ints.
         """
+        return self.encode_within(text, None, add_special_tokens)
+
+    def encode_within(self, text: str, max_tokens: int | None, add_special_tokens: bool = False) -> list[int]:
+        """``encode(text)``, or ``TooManyTokens`` when it has more than ``max_tokens`` tokens.
+
+        The count is checked before the ids become a Python list, so a text far
+        over the limit costs its tokenisation only. The Rust tokenizer runs
+        without the GIL (``encode_batch_fast``: no character offsets, which
+        ``encode`` computes and frees holding the GIL: 0.2 s for 4 MB of text).
+
+        Raises: TypeError for a text that is not a str; ValueError for one that
+        is not valid Unicode (a lone surrogate), naming the character.
+        """
         if not isinstance(text, str):
             raise TypeError(f"encode() expects a str, got {type(text).__name__}")
-        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        check_unicode(text)
+        if len(text) < LARGE_TEXT_CHARS:
+            return self._encode(text, max_tokens, add_special_tokens)
+        with _LARGE_TEXT:
+            try:
+                return self._encode(text, max_tokens, add_special_tokens)
+            finally:
+                release_heap()
+
+    def _encode(self, text: str, max_tokens: int | None, add_special_tokens: bool) -> list[int]:
+        (encoding,) = self.backend.encode_batch_fast([text], add_special_tokens=add_special_tokens)
+        count = len(encoding)
+        if max_tokens is not None and count > max_tokens:
+            del encoding  # not kept alive by the traceback's frame (150 bytes a character of text)
+            raise TooManyTokens(count, max_tokens)
+        return encoding.ids
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         """Text of token ids (a list, or a 1-D tensor/array of ``[num_tokens]``)."""
@@ -128,7 +197,10 @@ class Tokenizer:
         """Render a conversation with the model's chat template.
 
         Args:
-            messages: ``[{"role": "user", "content": "..."}, ...]``.
+            messages: ``[{"role": "user", "content": "..."}, ...]``; a content may
+                also be OpenAI's list of parts, of type text only
+                (``[{"type": "text", "text": "..."}]``), which the template
+                gets joined by newlines (``text_messages``).
             add_generation_prompt: end with the header of an assistant turn.
             template_vars: extra template variables (e.g. ``tools=[...]``);
                 ``tools`` and ``documents`` default to None, as in HuggingFace.
@@ -138,13 +210,14 @@ class Tokenizer:
 
         Raises:
             ChatTemplateError: the template does not compile, fails, runs over
-                its time or size limits (``chat_template.py``).
+                its time or size limits (``chat_template.py``), or a message's
+                content is neither text nor parts of type text.
             ModelLoadError: the model has no chat template.
         """
         template = self._compiled_template()
         variables = {"tools": None, "documents": None, **self._special_token_vars()}
         variables.update(template_vars)
-        variables.update(messages=list(messages), add_generation_prompt=add_generation_prompt)
+        variables.update(messages=text_messages(messages), add_generation_prompt=add_generation_prompt)
         return render(template, variables, self.source)
 
     def chat_turn_end_token(self) -> str | None:

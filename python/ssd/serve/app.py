@@ -1,11 +1,15 @@
 """The OpenAI-compatible HTTP API over an ``AsyncLLM`` (FastAPI).
 
 Endpoints: POST /v1/chat/completions and /v1/completions (streamed as
-server-sent events, or not), GET /v1/models, /health and /metrics. A request
-is admitted while fewer than ``max_in_flight`` requests are in the server
-(the engine's batch plus a bounded waiting queue); past that it gets 503 with
-a Retry-After header, and so does every request while the server drains.
-A client that disconnects cancels its requests, which frees their KV blocks.
+server-sent events, or not), GET /v1/models, /health and /metrics. Every
+request first passes the guard (``guard.py``: API key, body size and read
+time); a body is then read, rendered and tokenised on worker threads
+(``prepare.py``), never on the event loop. A request is admitted while fewer
+than ``max_in_flight`` requests are in the server (the engine's batch plus a
+bounded waiting queue); past that it gets 503 with a Retry-After header, and
+so does every request while the server drains. A client that disconnects
+cancels its requests, streamed or not, which frees their KV blocks. Every
+error has OpenAI's shape, and names no file of the server.
 """
 from __future__ import annotations
 
@@ -17,13 +21,17 @@ import time
 import uuid
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
 
 from ssd.async_llm import AsyncLLM
+from ssd.config import ServerLimits
+from ssd.serve.guard import SHUTTING_DOWN, Guard
 from ssd.serve.metrics import HitRateWatch, ServerMetrics
-from ssd.serve.protocol import ChatCompletionRequest, CompletionRequest, RequestError, sampling_params
+from ssd.models.tokenizer import LARGE_TEXT_CHARS
+from ssd.serve.prepare import Prepared, Workers, prepare
+from ssd.serve.protocol import RequestError
 
 # Engine finish reasons as OpenAI clients know them ("cancelled": the server cut the request short).
 _FINISH = {"stop": "stop", "length": "length", "cancelled": "abort"}
@@ -31,54 +39,55 @@ _FINISH = {"stop": "stop", "length": "length", "cancelled": "abort"}
 
 @dataclasses.dataclass
 class ServerState:
-    """What the handlers share. max_in_flight: requests admitted at once (503 past it)."""
+    """What the handlers share. max_in_flight: requests admitted at once (503 past it); limits: body size,
+    timeouts and connections; protect_metrics: /metrics needs the API key too."""
 
     engine: AsyncLLM
     model_name: str
     api_key: str | None = None
     max_in_flight: int = 256
     hit_rate_threshold: float = 0.6
+    limits: ServerLimits = dataclasses.field(default_factory=ServerLimits)
+    protect_metrics: bool = False
     draining: bool = False
     in_flight: int = 0
+    http_active: int = 0  # HTTP requests inside the app (the guard counts them)
 
     def __post_init__(self):
         self.metrics = ServerMetrics(self.engine.stats)
         self.metrics.in_flight.set_function(lambda: self.in_flight)
         self.hit_rate = HitRateWatch(self.engine.stats, self.hit_rate_threshold)
+        self.workers = Workers()
+        self.large_body_worker = Workers(1, name="ssd-prepare-large")
+        self.body_cuts: set = set()  # callables that end a body read at a drain's deadline
+        llm = self.engine.llm
+        models = [m for m in (getattr(llm, "model", None), getattr(llm, "draft_model", None)) if m is not None]
+        self._paths = sorted({m.source for m in models if getattr(m, "source", "")}, key=len, reverse=True)
+
+    def public(self, message: str) -> str:
+        """``message`` with the served models' file paths replaced by the served name."""
+        for path in self._paths:
+            message = message.replace(path, self.model_name)
+        return message
+
+    def cut_body_reads(self) -> None:
+        for cut in list(self.body_cuts):
+            cut()
 
 
 def _error(e: RequestError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
-def _validation_error(exc: RequestValidationError) -> JSONResponse:
-    first = exc.errors()[0] if exc.errors() else {}
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    if first.get("type") == "json_invalid":
-        return _error(RequestError(f"the body is not valid JSON: {first.get('msg', '')}"))
-    param = ".".join(loc) or None
-    return _error(RequestError(f"{param or 'body'}: {first.get('msg', 'invalid value')}", param=param))
-
-
 class _Call:
     """One HTTP request's generation: its engine requests (one per choice) and what it reports."""
 
-    def __init__(self, state: ServerState, req, prompt, *, chat: bool):
-        self.state, self.req, self.chat = state, req, chat
-        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    def __init__(self, state: ServerState, prepared: Prepared):
+        self.state, self.req, self.chat = state, prepared.req, prepared.chat
+        self.prompt_ids, self.params = prepared.prompt_ids, prepared.params
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
-        if req.model != state.model_name:
-            raise RequestError(f"The model '{req.model}' does not exist (this server serves '{state.model_name}')",
-                               status=404, param="model", code="model_not_found")
-        llm = state.engine.llm
-        try:
-            _, self.prompt_ids = llm._prompt_ids(0, prompt)
-        except ValueError as e:
-            field = "messages" if chat else "prompt"
-            raise RequestError(f"{field}: {str(e).removeprefix('prompt 0: ')}", param=field) from None
-        max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens
-        self.params = sampling_params(req, max_tokens, state.engine.config.max_model_len - len(self.prompt_ids))
-        self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        self.include_usage = bool(self.req.stream_options and self.req.stream_options.include_usage)
         self.completion_tokens = 0
         self.requests = []
         self._pumped = False
@@ -87,8 +96,7 @@ class _Call:
         s = self.state
         if s.draining:
             s.metrics.rejected.labels("draining").inc()
-            raise RequestError("the server is shutting down", status=503, type="server_unavailable",
-                               headers={"Retry-After": "5"})
+            raise RequestError("the server is shutting down", **SHUTTING_DOWN)
         if s.in_flight + len(self.params) > s.max_in_flight:
             s.metrics.rejected.labels("overloaded").inc()
             raise RequestError(f"the server is at capacity ({s.max_in_flight} requests); retry later", status=503,
@@ -208,7 +216,8 @@ class _Call:
         finally:
             watch.cancel()
         if errors:
-            raise RequestError(f"generation failed: {errors[0]}", status=500, type="server_error")
+            raise RequestError(self.state.public(f"generation failed: {errors[0]}"), status=500,
+                               type="server_error")
         wanted = self.params[0].logprobs is not None
         lps = [self.logprobs(lp) if wanted else None for lp in token_logprobs]
         if self.chat:
@@ -248,7 +257,8 @@ class _Call:
         async with contextlib.aclosing(self.chunks()) as chunks:
             async for i, chunk in chunks:
                 if chunk.finish_reason == "error":
-                    err = RequestError(f"generation failed: {chunk.error}", status=500, type="server_error")
+                    err = RequestError(self.state.public(f"generation failed: {chunk.error}"), status=500,
+                                       type="server_error")
                     yield f"data: {_json(err.body())}\n\n"
                     continue
                 reason = _FINISH.get(chunk.finish_reason) if chunk.finish_reason else None
@@ -287,8 +297,9 @@ def _json(obj) -> str:
 
 
 async def _until_disconnected(request: Request) -> None:
-    while not await request.is_disconnected():
-        await asyncio.sleep(0.25)
+    """Returns when the client has left: after the body, the next message a client sends is its disconnect."""
+    while (await request.receive())["type"] != "http.disconnect":
+        await asyncio.sleep(0.25)  # not expected after a whole body; polls rather than spins
 
 
 async def _racing(chunks, watch: asyncio.Future):
@@ -310,25 +321,28 @@ async def _racing(chunks, watch: asyncio.Future):
         await it.aclose()
 
 
-def build_app(state: ServerState) -> FastAPI:
+def build_app(state: ServerState) -> Guard:
+    """The ASGI application: the API behind the guard (``guard.py``)."""
     app = FastAPI(title="ssd", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ssd = state
-
-    @app.exception_handler(RequestValidationError)
-    async def _on_invalid(_request, exc):
-        return _validation_error(exc)
 
     @app.exception_handler(RequestError)
     async def _on_refused(_request, exc):
         return _error(exc)
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
-        if state.api_key and request.url.path.startswith("/v1/"):
-            if request.headers.get("authorization") != f"Bearer {state.api_key}":
-                return _error(RequestError("invalid or missing API key", status=401, type="authentication_error",
-                                           code="invalid_api_key"))
-        return await call_next(request)
+    @app.exception_handler(HTTPException)
+    async def _on_http(request, exc):  # routing: no such endpoint, or not with this method
+        if exc.status_code == 405:
+            message, code = f"{request.method} is not allowed on {request.url.path}", "method_not_allowed"
+        elif exc.status_code == 404:
+            message, code = f"no endpoint {request.url.path}", "not_found"
+        else:
+            message, code = str(exc.detail), None
+        return _error(RequestError(message, status=exc.status_code, code=code, headers=exc.headers))
+
+    @app.exception_handler(Exception)
+    async def _on_bug(_request, exc):  # a bug: the server's log has the traceback, the client a 500
+        return _error(RequestError(f"internal error ({type(exc).__name__})", status=500, type="server_error"))
 
     @app.get("/health")
     async def health():
@@ -346,24 +360,23 @@ def build_app(state: ServerState) -> FastAPI:
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(req: ChatCompletionRequest, request: Request):
-        messages = [m.model_dump(exclude_none=True) for m in req.messages]
-        if not messages:
-            raise RequestError("messages: must hold at least one message", param="messages")
-        try:
-            prompt = state.engine.llm.chat_prompt(messages)
-        except ValueError as e:  # ChatTemplateError (a bad role order, ...), or a model without a tokenizer
-            raise RequestError(f"messages: {e}", param="messages") from None
-        return await _serve(_Call(state, req, prompt, chat=True), request)
+    async def chat_completions(request: Request):
+        return await _serve(state, request, chat=True)
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest, request: Request):
-        return await _serve(_Call(state, req, req.prompt, chat=False), request)
+    async def completions(request: Request):
+        return await _serve(state, request, chat=False)
 
-    return app
+    return Guard(app, state)
 
 
-async def _serve(call: _Call, request: Request):
+async def _serve(state: ServerState, request: Request, chat: bool):
+    body = await request.body()
+    workers = state.large_body_worker if len(body) >= LARGE_TEXT_CHARS else state.workers
+    prepared = await workers.run(prepare, state, body, chat)
+    if isinstance(prepared, RequestError):
+        raise prepared
+    call = _Call(state, prepared)
     call.admit()
     if call.req.stream:
         return call.stream()

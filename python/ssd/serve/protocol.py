@@ -1,18 +1,24 @@
 """The OpenAI request bodies ssd accepts, and their translation to ``SamplingParams``.
 
-pydantic checks the JSON types; the value rules (ranges of max_tokens,
-temperature, top_p, seed, ...) are SamplingParams', the one place they live.
-Unknown fields are ignored, as OpenAI's API does.
+pydantic reads a body (``parse_body``) with JSON's own types, strictly: an
+integer field takes a JSON integer (not ``"10"``, ``true`` or ``10.0``), a
+boolean takes ``true``/``false``, a role is one of OpenAI's. The value rules
+(ranges of max_tokens, temperature, top_p, seed, ...) are SamplingParams', the
+one place they live. Unknown fields are ignored, as OpenAI's API does. Every
+refusal is a ``RequestError`` whose ``param`` names the JSON field
+(``messages[0].content``, ``stop``).
 """
 from __future__ import annotations
 
 from typing import Literal, Union
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ssd.config import SamplingParams
 
 _SEED_MASK = 2**64 - 1
+# OpenAI's chat roles ("function" is its deprecated form of "tool").
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
 class RequestError(Exception):
@@ -28,21 +34,29 @@ class RequestError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class StreamOptions(_Body):
     include_usage: bool = False
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    role: str
-    content: str | None = None
+class ContentPart(_Body):
+    """One part of a message's content; only type "text" is served (the library says so, naming the type)."""
+
+    type: str
+    text: str | None = None
 
 
-class _Common(BaseModel):
+class ChatMessage(_Body):
+    role: Literal[ROLES]
+    content: Union[str, list[ContentPart], None] = None
+
+
+class _Common(_Body):
     """Fields chat and completion requests share."""
 
-    model_config = ConfigDict(extra="ignore")
     model: str
     max_tokens: int | None = None
     temperature: float = 1.0
@@ -64,11 +78,61 @@ class ChatCompletionRequest(_Common):
     logprobs: bool | None = None
     top_logprobs: int | None = None
 
+    def message_dicts(self) -> list[dict]:
+        """The messages as LLM.chat_prompt takes them (content parts included)."""
+        return [m.model_dump(exclude_none=True) for m in self.messages]
+
 
 class CompletionRequest(_Common):
     prompt: Union[str, list[int]]
     logprobs: int | None = None
     echo: Literal[False] = False
+
+
+def parse_body(model: type[_Common], body: bytes) -> _Common:
+    """The request ``body`` read as ``model``; RequestError naming the first field at fault."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as e:
+        raise _refusal(e.errors(include_url=False)) from None
+
+
+def _refusal(errors: list[dict]) -> RequestError:
+    first = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":
+        why = str(first.get("msg", "")).removeprefix("Invalid JSON: ")
+        if "surrogate" in why or "hex escape" in why:
+            why += " (its text is not valid Unicode: a \\u escape of a lone surrogate)"
+        return RequestError(f"the body is not valid JSON: {why}")
+    param = field_path(first.get("loc", ()))
+    if param is None:
+        return RequestError(f"the body must be a JSON object: {first.get('msg', 'invalid value')}")
+    # A union field reports one error per member it tried: the member read furthest into the value names the
+    # field (stop: ["a", 5] is at stop[1], not stop); members that failed at the same place are said together.
+    field = first["loc"][0]
+    paths = [field_path(e.get("loc", ())) for e in errors if e.get("loc", (None,))[0] == field]
+    param = max(paths, key=lambda p: (p or "").count("[") + (p or "").count("."))
+    said = []
+    for e in errors:
+        if field_path(e.get("loc", ())) == param and e.get("msg") not in said:
+            said.append(e.get("msg"))
+    return RequestError(f"{param}: {'; or '.join(said)}", param=param)
+
+
+def field_path(loc) -> str | None:
+    """pydantic's error location as the JSON path a client wrote, ``messages[0].content``: a union's
+    member tags (``str``, ``list[str]``, ``ContentPart``) are not fields and are left out."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif _is_field_name(part):
+            out += f".{part}" if out else part
+    return out or None
+
+
+def _is_field_name(part: str) -> bool:
+    return part.isidentifier() and part.islower() and part not in ("str", "int", "float", "bool", "none")
 
 
 def choice_seed(seed: int, index: int) -> int:

@@ -1,9 +1,12 @@
-"""Running the HTTP server: uvicorn, a drain on SIGTERM, a thread-hosted variant for tests and benchmarks.
+"""Running the HTTP server: uvicorn, a drain on SIGTERM or SIGINT, a thread-hosted variant for tests and benchmarks.
 
-SIGTERM (what an orchestrator sends) stops admitting (new requests and
-/health get 503), lets running requests finish for up to ``drain_s`` seconds,
-then cancels the rest (their responses end with finish_reason "abort"), and
-exits. A second signal, or SIGINT, exits at once as uvicorn does.
+The first SIGTERM or SIGINT stops admitting (new requests and /health get
+503), lets running requests finish and half-sent bodies arrive for up to
+``drain_s`` seconds, then cancels what is left (responses end with
+finish_reason "abort", unfinished bodies get 503), and the server exits:
+``run()`` returns, within ``drain_s`` plus at most ``_FINAL_S`` and uvicorn's
+``_CLOSE_S``. A second signal exits at once: requests are cancelled, nothing
+is waited for, and ``forced`` is set (``ssd serve`` then exits 1, else 0).
 """
 from __future__ import annotations
 
@@ -17,11 +20,16 @@ import time
 import uvicorn
 
 from ssd.serve.app import ServerState, build_app
+from ssd.serve.connections import protocol_class
 
 log = logging.getLogger("ssd.serve")
 
 # How often the hit-rate watch looks (it judges windows of HitRateWatch.window_s).
 _WATCH_EVERY_S = 5.0
+# After a drain's deadline: how long cancelled requests have to send their last chunks, and how long
+# uvicorn then waits for connections to close before it cancels what is left.
+_FINAL_S = 2.0
+_CLOSE_S = 1.0
 
 
 class DrainingServer(uvicorn.Server):
@@ -30,6 +38,7 @@ class DrainingServer(uvicorn.Server):
         self.state, self.drain_s = state, drain_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self._draining = False
+        self.forced = False
 
     async def serve(self, sockets=None):
         self._loop = asyncio.get_running_loop()
@@ -40,27 +49,42 @@ class DrainingServer(uvicorn.Server):
             watch.cancel()
 
     def handle_exit(self, sig, frame):
-        if sig == signal.SIGTERM and not self._draining and self._loop is not None:
+        """The signal handler uvicorn installs (SIGINT, SIGTERM): the first drains, a second exits at once.
+
+        Runs on the main thread, which runs the event loop: it only sets flags and schedules work.
+        """
+        if self._loop is None:
+            return super().handle_exit(sig, frame)
+        if not self._draining:
             self._draining = True
+            log.info("%s: draining (a second signal exits at once)", signal.Signals(sig).name)
             self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.drain()))
             return
-        super().handle_exit(sig, frame)
+        log.warning("%s again: exiting at once, cancelling %d requests", signal.Signals(sig).name,
+                    self.state.in_flight)
+        self.forced = True
+        self.should_exit = self.force_exit = True
+        self._loop.call_soon_threadsafe(self.state.engine.abort_all)
 
     async def drain(self) -> None:
-        """Stops admitting, waits for running requests up to drain_s, cancels the rest, then exits."""
+        """Stops admitting, waits for running requests and bodies up to drain_s, cancels the rest, then exits."""
         state = self.state
         state.draining = True
         log.info("draining: %d requests in flight, up to %.0f s", state.in_flight, self.drain_s)
         deadline = time.monotonic() + self.drain_s
-        while state.in_flight > 0 and time.monotonic() < deadline:
+        while self._busy() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        if state.in_flight > 0:
+        if self._busy():
             log.warning("drain deadline passed: cancelling %d requests", state.in_flight)
+            state.cut_body_reads()
             state.engine.abort_all()
-            end = time.monotonic() + 5.0  # their final chunks reach the clients
-            while state.in_flight > 0 and time.monotonic() < end:
+            end = time.monotonic() + _FINAL_S  # their final chunks reach the clients
+            while self._busy() and time.monotonic() < end:
                 await asyncio.sleep(0.05)
         self.should_exit = True
+
+    def _busy(self) -> bool:
+        return self.state.in_flight > 0 or self.state.http_active > 0
 
     async def _watch_hit_rate(self) -> None:
         while True:
@@ -71,7 +95,8 @@ class DrainingServer(uvicorn.Server):
 def make_server(state: ServerState, *, host: str = "127.0.0.1", port: int = 8000, drain_s: float = 30.0,
                 log_level: str = "info") -> DrainingServer:
     config = uvicorn.Config(build_app(state), host=host, port=port, log_level=log_level, access_log=False,
-                            timeout_graceful_shutdown=max(1, int(drain_s) + 10), lifespan="off")
+                            http=protocol_class(state.limits), timeout_graceful_shutdown=_CLOSE_S,
+                            lifespan="off")
     return DrainingServer(config, state, drain_s)
 
 
