@@ -26,13 +26,12 @@ _TURN_END_PROBE = "ssdturnendprobe"
 
 # Texts from this many characters on are tokenised one at a time, and the heap is trimmed after each:
 # the Rust tokenizer's working memory is about 150 times the text (4 MB of text: 600 MB at its peak), which
-# glibc's allocator keeps in its per-thread arenas after it is freed (five 4 MB bodies on two threads left
-# an HTTP server 730 MB larger).
+# glibc's allocator keeps in its arenas after it is freed.
 LARGE_TEXT_CHARS = 1 << 20
 _LARGE_TEXT = threading.Lock()
 
 
-def release_heap() -> None:
+def _release_heap() -> None:
     """Gives freed heap memory back to the system (glibc's malloc_trim; nothing elsewhere)."""
     global _malloc_trim
     if _malloc_trim is None:
@@ -159,7 +158,7 @@ class Tokenizer:
             try:
                 return self._encode(text, max_tokens, add_special_tokens)
             finally:
-                release_heap()
+                _release_heap()
 
     def _encode(self, text: str, max_tokens: int | None, add_special_tokens: bool) -> list[int]:
         (encoding,) = self.backend.encode_batch_fast([text], add_special_tokens=add_special_tokens)

@@ -29,8 +29,7 @@ from ssd.async_llm import AsyncLLM
 from ssd.config import ServerLimits
 from ssd.serve.guard import SHUTTING_DOWN, Guard
 from ssd.serve.metrics import HitRateWatch, ServerMetrics
-from ssd.models.tokenizer import LARGE_TEXT_CHARS
-from ssd.serve.prepare import Prepared, Workers, prepare
+from ssd.serve.prepare import Prepared, Preparer
 from ssd.serve.protocol import RequestError
 
 # Engine finish reasons as OpenAI clients know them ("cancelled": the server cut the request short).
@@ -57,8 +56,7 @@ class ServerState:
         self.metrics = ServerMetrics(self.engine.stats)
         self.metrics.in_flight.set_function(lambda: self.in_flight)
         self.hit_rate = HitRateWatch(self.engine.stats, self.hit_rate_threshold)
-        self.workers = Workers()
-        self.large_body_worker = Workers(1, name="ssd-prepare-large")
+        self.prepare = Preparer()
         self.body_cuts: set = set()  # callables that end a body read at a drain's deadline
         llm = self.engine.llm
         models = [m for m in (getattr(llm, "model", None), getattr(llm, "draft_model", None)) if m is not None]
@@ -371,12 +369,7 @@ def build_app(state: ServerState) -> Guard:
 
 
 async def _serve(state: ServerState, request: Request, chat: bool):
-    body = await request.body()
-    workers = state.large_body_worker if len(body) >= LARGE_TEXT_CHARS else state.workers
-    prepared = await workers.run(prepare, state, body, chat)
-    if isinstance(prepared, RequestError):
-        raise prepared
-    call = _Call(state, prepared)
+    call = _Call(state, await state.prepare(state, await request.body(), chat))
     call.admit()
     if call.req.stream:
         return call.stream()

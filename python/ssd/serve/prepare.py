@@ -4,12 +4,13 @@ Reading the JSON, rendering the chat template and tokenising take time in
 proportion to the body (a 4 MB prompt: about 2 s on one core), so they run on
 ``PREPARE_THREADS`` worker threads, not on the event loop that sends every
 stream's chunks and answers /health. Bodies of ``LARGE_TEXT_CHARS`` bytes or
-more are prepared one at a time on a thread of their own, so that small
-requests never wait behind them, and so that one thread's heap, not every
-worker's, holds what the tokenizer's working memory leaves behind (about
-50 MB per thread that ever tokenised 2 MB, even after the heap is trimmed). The tokenizer runs without the GIL, and
-a prompt longer than the model's context is refused by its token count before
-its ids become a Python list (``Tokenizer.encode_within``).
+more are prepared one at a time on a thread of their own (``Preparer``), so
+that small requests never wait behind them, and so that one thread's heap,
+not every worker's, holds what the tokenizer's working memory leaves behind
+(about 50 MB per thread that ever tokenised 2 MB, even after the heap is
+trimmed). The tokenizer runs without the GIL, and a prompt longer than the
+model's context is refused by its token count before its ids become a Python
+list (``Tokenizer.encode_within``).
 
 The workers are daemon threads with their own queue: a second signal exits the
 server at once, even with a tokenisation under way.
@@ -22,7 +23,7 @@ import queue
 import threading
 
 from ssd.config import SamplingParams
-from ssd.models.tokenizer import LARGE_TEXT_CHARS, release_heap
+from ssd.models.tokenizer import LARGE_TEXT_CHARS
 from ssd.serve.protocol import ChatCompletionRequest, CompletionRequest, RequestError, parse_body, sampling_params
 
 PREPARE_THREADS = 3  # for bodies under LARGE_TEXT_CHARS; larger ones have one thread
@@ -38,21 +39,8 @@ class Prepared:
     params: list[SamplingParams]
 
 
-def prepare(state, body: bytes, chat: bool) -> Prepared | RequestError:
-    """One body read and checked for ``state``'s engine (a ServerState), or the RequestError naming what is
-    wrong. After a large body the heap is trimmed, once nothing of the request is left (the error is
-    returned without its traceback, whose frames held the rendered prompt)."""
-    try:
-        result = _prepare(state, body, chat)
-    except RequestError as e:
-        result = e.with_traceback(None)
-        result.__context__ = result.__cause__ = None
-    if len(body) >= LARGE_TEXT_CHARS:
-        release_heap()
-    return result
-
-
-def _prepare(state, body: bytes, chat: bool) -> Prepared:
+def prepare(state, body: bytes, chat: bool) -> Prepared:
+    """Reads and checks one body for ``state``'s engine (a ServerState); RequestError names what is wrong."""
     req = parse_body(ChatCompletionRequest if chat else CompletionRequest, body)
     if req.model != state.model_name:
         raise RequestError(f"The model '{req.model}' does not exist (this server serves '{state.model_name}')",
@@ -78,6 +66,19 @@ def _prepare(state, body: bytes, chat: bool) -> Prepared:
         raise RequestError(f"n: {len(params)} choices can never be admitted: this server admits at most "
                            f"{state.max_in_flight} requests at once", param="n")
     return Prepared(req, chat, prompt_ids, params)
+
+
+class Preparer:
+    """``await preparer(state, body, chat)``: ``prepare`` on a worker; bodies of ``LARGE_TEXT_CHARS`` bytes or
+    more on their own one."""
+
+    def __init__(self):
+        self._small = Workers(PREPARE_THREADS)
+        self._large = Workers(1, name="ssd-prepare-large")
+
+    async def __call__(self, state, body: bytes, chat: bool) -> Prepared:
+        workers = self._large if len(body) >= LARGE_TEXT_CHARS else self._small
+        return await workers.run(prepare, state, body, chat)
 
 
 class Workers:
