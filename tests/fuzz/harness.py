@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import resource
 import sys
 import tempfile
 from pathlib import Path
@@ -35,6 +36,10 @@ INSTRUMENTED = {
 }
 HANG_SECONDS = 5
 RSS_LIMIT_MB = 3072  # torch alone holds ~0.5 GB; an input that needs GBs is a crash
+# libFuzzer's RSS is the process's peak (getrusage), which on Linux starts at the peak of the process that
+# started it: a pytest run that had held 6.8 GB made every target "out of memory" at its first input. So the
+# limit counts from the peak this process was born with (read here, before torch is imported).
+_BORN_PEAK_MB = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
 MAX_INPUT_BYTES = 16384
 
 
@@ -84,7 +89,7 @@ def run(name: str, seconds: int, corpus: Path | None = None, artifacts: Path | N
     corpus = corpus or work / "corpus"
     corpus.mkdir(parents=True, exist_ok=True)
     argv = [sys.argv[0], f"-max_total_time={seconds}", f"-timeout={HANG_SECONDS}",
-            f"-rss_limit_mb={RSS_LIMIT_MB}", f"-max_len={MAX_INPUT_BYTES}", "-print_final_stats=1"]
+            f"-rss_limit_mb={RSS_LIMIT_MB + _BORN_PEAK_MB}", f"-max_len={MAX_INPUT_BYTES}", "-print_final_stats=1"]
     if artifacts is not None:
         artifacts.mkdir(parents=True, exist_ok=True)
         argv.append(f"-artifact_prefix={artifacts}{os.sep}")
