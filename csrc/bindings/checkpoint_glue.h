@@ -18,7 +18,8 @@ namespace ssd::checkpoint_glue {
 namespace py = pybind11;
 
 // The inverse of module.cpp's model_config_from: the fields of
-// python/ssd/models/config.py's ModelConfig, rope_scaling None when disabled.
+// python/ssd/models/config.py's ModelConfig, rope_scaling and rope_freq_factors None
+// when absent.
 inline py::dict model_config_dict(const ModelConfig& c) {
   py::dict d;
   d["architecture"] = model::architecture_name(c.architecture);
@@ -43,8 +44,11 @@ inline py::dict model_config_dict(const ModelConfig& c) {
   d["tie_word_embeddings"] = c.tie_word_embeddings;
   d["max_position_embeddings"] = c.max_position_embeddings;
   d["attention_bias"] = c.attention_bias;
+  d["qkv_bias"] = c.qkv_bias;
   d["mlp_bias"] = c.mlp_bias;
   d["qk_norm"] = c.qk_norm;
+  d["sliding_window"] = c.sliding_window;
+  d["rope_freq_factors"] = c.rope_freq_factors.empty() ? py::object(py::none()) : py::cast(c.rope_freq_factors);
   return d;
 }
 

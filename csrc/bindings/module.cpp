@@ -37,6 +37,7 @@ void get(const py::dict& d, const char* key, T& out) {
     const char* wanted = std::is_same_v<T, bool>             ? "a bool"
                          : std::is_integral_v<T>             ? "an integer within int64"
                          : std::is_floating_point_v<T>       ? "a number"
+                         : std::is_same_v<T, std::vector<double>> ? "a list of numbers"
                                                              : "another type";
     throw std::invalid_argument(std::string(key) + ": must be " + wanted + ", got " +
                                 py::repr(d[key]).cast<std::string>());
@@ -58,8 +59,11 @@ ModelConfig model_config_from(const py::dict& d) {
   get(d, "tie_word_embeddings", c.tie_word_embeddings);
   get(d, "max_position_embeddings", c.max_position_embeddings);
   get(d, "attention_bias", c.attention_bias);
+  get(d, "qkv_bias", c.qkv_bias);
   get(d, "mlp_bias", c.mlp_bias);
   get(d, "qk_norm", c.qk_norm);
+  get(d, "sliding_window", c.sliding_window);
+  get(d, "rope_freq_factors", c.rope_freq_factors);
   if (d.contains("rope_scaling") && !d["rope_scaling"].is_none()) {
     py::dict rs = d["rope_scaling"].cast<py::dict>();
     c.rope_scaling.enabled = true;

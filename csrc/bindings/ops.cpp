@@ -6,7 +6,8 @@
 // K draft tokens, V vocab, Hq/Hkv heads, D head dim, L layers):
 //   paged_attention  q [T,Hq,D] f32; k_cache, v_cache [blocks,block_size,Hkv,D] f32;
 //                    block_tables [S,max_blocks] i32; seq_of_token, positions [T] i32;
-//                    out [T,Hq,D]. Query t attends to keys 0..positions[t] of its sequence.
+//                    out [T,Hq,D]; window >= 0. Query t attends to keys 0..positions[t] of its
+//                    sequence, or with window > 0 to keys positions[t]-window+1..positions[t].
 //   fork_attention   q [N,Hq,D]; caches as above; block_tables [S,max_blocks] i32;
 //                    branch_seq, prefix_len [N] i32; path_k, path_v [N,P,Hkv,D] f32;
 //                    path_len [N] i32 (1..P); out [N,Hq,D]. Branch n attends to
@@ -37,7 +38,7 @@
 TORCH_LIBRARY(ssd, m) {
   m.def(
       "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-      "Tensor seq_of_token, Tensor positions, float scale, Tensor(a!) out) -> ()");
+      "Tensor seq_of_token, Tensor positions, float scale, Tensor(a!) out, int window=0) -> ()");
   m.def(
       "fork_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
       "Tensor branch_seq, Tensor prefix_len, Tensor path_k, Tensor path_v, Tensor path_len, "

@@ -16,8 +16,9 @@ namespace {
 
 void paged_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                           const at::Tensor& block_tables, const at::Tensor& seq_of_token,
-                          const at::Tensor& positions, double scale, const at::Tensor& out) {
+                          const at::Tensor& positions, double scale, const at::Tensor& out, int64_t window) {
   attention::check_paged_attention_args(q, k_cache, v_cache, block_tables, seq_of_token, positions, out);
+  TORCH_CHECK(window >= 0, "window must be >= 0 (0: no sliding window), got ", window);
   TORCH_CHECK(q.size(2) == 64 || q.size(2) == 128, "paged_attention on CUDA supports head_dim 64 and 128, got ",
               q.size(2));
   const c10::cuda::CUDAGuard guard(q.device());
@@ -26,6 +27,7 @@ void paged_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const 
   p.num_tokens = q.size(0);
   p.seq_of_token = seq_of_token.data_ptr<int32_t>();
   p.positions = positions.data_ptr<int32_t>();
+  p.window = window;
   const cudaError_t err = kernels::cuda::paged_attention(p, at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "paged_attention CUDA kernel: ", cudaGetErrorString(err));
 }

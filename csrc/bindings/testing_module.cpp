@@ -327,14 +327,16 @@ class BackendSteps {
 
   /// One layer's attention on a fresh cache of num_blocks x block_size slots:
   /// rope on q and k (views of the fused rows qkv [T, (Hq + 2 Hkv) d]), k and v
-  /// written to their slots, then causal paged attention. Returns (out
+  /// written to their slots, then causal paged attention (over the last
+  /// `window` keys when window > 0). Returns (out
   /// [T, Hq d], the rotated qkv, the cache [2, num_blocks, block_size, Hkv, d]).
   std::tuple<at::Tensor, at::Tensor, at::Tensor> attention(const at::Tensor& qkv, int64_t num_heads,
                                                            int64_t num_kv_heads, const at::Tensor& inv_freq,
                                                            const std::vector<int32_t>& positions,
                                                            const std::vector<int32_t>& seq_of_token,
                                                            const std::vector<std::vector<int32_t>>& tables,
-                                                           int64_t num_blocks, int64_t block_size) {
+                                                           int64_t num_blocks, int64_t block_size,
+                                                           int64_t window) {
     const int64_t d = inv_freq.numel() * 2;
     if (qkv.dim() != 2 || qkv.size(1) != (num_heads + 2 * num_kv_heads) * d || num_heads % num_kv_heads != 0)
       throw std::invalid_argument("attention: qkv must be [T, (num_heads + 2 num_kv_heads) head_dim]");
@@ -361,7 +363,7 @@ class BackendSteps {
       const at::Tensor k = rows.narrow(1, num_heads * d, num_kv_heads * d).view({t, num_kv_heads, d});
       const at::Tensor v = rows.narrow(1, (num_heads + num_kv_heads) * d, num_kv_heads * d).view({t, num_kv_heads, d});
       backend_->rope_kv_write(q, k, v, freq, cache, 0, b, ctx);
-      return backend_->paged_attention(q, cache, 0, b, 1.0f / std::sqrt(static_cast<float>(d)), ctx);
+      return backend_->paged_attention(q, cache, 0, b, 1.0f / std::sqrt(static_cast<float>(d)), window, ctx);
     });
     return {out, rows, cache.storage()[0]};
   }
@@ -410,7 +412,7 @@ void bind_backend_steps(py::module_& m) {
       .def("silu_mul", &BackendSteps::silu_mul, py::arg("gu"))
       .def("attention", &BackendSteps::attention, py::arg("qkv"), py::arg("num_heads"), py::arg("num_kv_heads"),
            py::arg("inv_freq"), py::arg("positions"), py::arg("seq_of_token"), py::arg("block_tables"),
-           py::arg("num_blocks"), py::arg("block_size"),
+           py::arg("num_blocks"), py::arg("block_size"), py::arg("window") = 0,
            "rope_kv_write then paged_attention on a fresh one-layer cache: (out, rotated qkv, cache).");
 }
 

@@ -113,8 +113,10 @@ class Backend {
                              const at::Tensor& inv_freq, KvCache& cache, int64_t layer,
                              const DeviceBatch& b, StepContext& ctx) const = 0;
   /// Causal attention of q [T, Hq, d] over the layer's paged cache -> [T, Hq * d].
+  /// window > 0: a query at position i attends keys i - window < j <= i only.
   virtual at::Tensor paged_attention(const at::Tensor& q, KvCache& cache, int64_t layer,
-                                     const DeviceBatch& b, float scale, StepContext& ctx) const = 0;
+                                     const DeviceBatch& b, float scale, int64_t window,
+                                     StepContext& ctx) const = 0;
   /// gu [T, 2f] -> silu(gu[:, :f]) * gu[:, f:], [T, f].
   virtual at::Tensor silu_mul(const at::Tensor& gu) const = 0;
   /// x += y (the residual stream).

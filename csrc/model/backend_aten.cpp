@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <tuple>
 #include <utility>
 
@@ -99,9 +100,9 @@ void AtenBackend::rope_kv_write(const at::Tensor& q, const at::Tensor& k, const 
 }
 
 // Query by query: each one's scores, softmax and sum have shapes that depend
-// only on its position, never on the batch.
+// only on its position (and the window), never on the batch.
 at::Tensor AtenBackend::paged_attention(const at::Tensor& q, KvCache& cache, int64_t layer, const DeviceBatch& b,
-                                        float scale, StepContext&) const {
+                                        float scale, int64_t window, StepContext&) const {
   const ForwardInput& in = *b.host;
   const int64_t t_count = q.size(0), hq = q.size(1), d = q.size(2);
   const at::Tensor kv = cache.storage()[layer];
@@ -109,7 +110,9 @@ at::Tensor AtenBackend::paged_attention(const at::Tensor& q, KvCache& cache, int
   const at::Tensor keys = kv[0].view({-1, hkv, d}), values = kv[1].view({-1, hkv, d});
   at::Tensor out = at::empty({t_count, hq * d}, q.options());
   for (int64_t t = 0; t < t_count; ++t) {
-    const at::Tensor pos = at::arange(in.positions[t] + 1, q.options().dtype(at::kLong));
+    const int64_t end = in.positions[t] + 1;
+    const int64_t first = window > 0 ? std::max<int64_t>(0, end - window) : 0;
+    const at::Tensor pos = at::arange(first, end, q.options().dtype(at::kLong));
     const at::Tensor entry = in.seq_of_token[t] * in.max_blocks + at::floor_divide(pos, bs);
     const at::Tensor slots = slots_of(b.block_tables, entry, pos, bs);
     const at::Tensor k = keys.index_select(0, slots).permute({1, 2, 0});  // [Hkv, d, len]

@@ -31,7 +31,7 @@ class AtenBackend : public Backend {
   void rope_kv_write(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& inv_freq,
                      KvCache& cache, int64_t layer, const DeviceBatch& b, StepContext& ctx) const override;
   at::Tensor paged_attention(const at::Tensor& q, KvCache& cache, int64_t layer, const DeviceBatch& b, float scale,
-                             StepContext& ctx) const override;
+                             int64_t window, StepContext& ctx) const override;
   at::Tensor silu_mul(const at::Tensor& gu) const override;
   void add(const at::Tensor& x, const at::Tensor& y) const override;
 

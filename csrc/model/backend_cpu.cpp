@@ -112,13 +112,13 @@ class CpuBackend final : public Backend {
   }
 
   at::Tensor paged_attention(const at::Tensor& q, KvCache& cache, int64_t layer, const DeviceBatch& b, float scale,
-                             StepContext& ctx) const override {
+                             int64_t window, StepContext& ctx) const override {
     const ForwardInput& in = *b.host;
     const int64_t t = q.size(0), width = q.size(1) * q.size(2);
     at::Tensor out = at::empty({t, width}, at::kFloat);
     kernels::paged_attention(cache.layer(layer), q.data_ptr<float>(), q.stride(0), out.data_ptr<float>(), width, t,
                              q.size(1), in.seq_of_token.data(), in.positions.data(), in.block_tables.data(),
-                             in.max_blocks, scale, ctx.pool);
+                             in.max_blocks, scale, window, ctx.pool);
     return out;
   }
 

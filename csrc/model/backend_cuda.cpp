@@ -159,9 +159,9 @@ class CudaBackend final : public AtenBackend {
   }
 
   at::Tensor paged_attention(const at::Tensor& q, KvCache& cache, int64_t layer, const DeviceBatch& b, float scale,
-                             StepContext& ctx) const override {
+                             int64_t window, StepContext& ctx) const override {
     const int64_t d = q.size(2);
-    if (d != 64 && d != 128) return AtenBackend::paged_attention(q, cache, layer, b, scale, ctx);
+    if (d != 64 && d != 128) return AtenBackend::paged_attention(q, cache, layer, b, scale, window, ctx);
     const kernels::PagedKv kv = cache.layer(layer);
     at::Tensor out = at::empty({q.size(0), q.size(1) * d}, q.options());
     kernels::cuda::PagedAttentionParams p;
@@ -181,6 +181,7 @@ class CudaBackend final : public AtenBackend {
     p.seq_of_token = b.seq_of_token.data_ptr<int32_t>();
     p.positions = b.positions.data_ptr<int32_t>();
     p.scale = scale;
+    p.window = window;
     check_launch(kernels::cuda::paged_attention(p, stream()), "paged_attention");
     return out;
   }

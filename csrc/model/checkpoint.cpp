@@ -23,7 +23,7 @@ namespace {
 
 constexpr const char* kSingleFile = "model.safetensors";
 constexpr const char* kIndexFile = "model.safetensors.index.json";
-constexpr const char* kSupported = "LlamaForCausalLM, Qwen3ForCausalLM";
+constexpr const char* kSupported = "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM";
 // Tensors some checkpoints carry that the model recomputes; never loaded.
 constexpr std::string_view kIgnoredSuffix = "rotary_emb.inv_freq";
 
@@ -81,7 +81,9 @@ Architecture architecture(const Value& cfg, const std::string& source) {
     const Value* type = member(cfg, "model_type");
     const std::string t = type && type->is_string() ? type->as_string() : "";
     if (t == "llama") return Architecture::kLlama;
+    if (t == "qwen2") return Architecture::kQwen2;
     if (t == "qwen3") return Architecture::kQwen3;
+    if (t == "mistral") return Architecture::kMistral;
     fail(source + " names no architecture (no 'architectures', model_type=" +
          (type ? type->dump() : "null") + "); supported architectures: " + kSupported);
   }
@@ -105,17 +107,51 @@ void check_supported_features(const Value& cfg, const std::string& source) {
   const Value* act = cfg.find("hidden_act");
   if (act && !(act->is_string() && act->as_string() == "silu"))
     fail(source + ": unsupported hidden_act " + act->dump() + " (only 'silu')");
-  if (flag(cfg, "use_sliding_window")) fail(source + ": sliding-window attention is not supported");
-  const Value* types = cfg.find("layer_types");
-  if (!types || !types->truthy()) return;
-  if (!types->is_array()) fail(source + ": 'layer_types' must be a list, got " + types->dump());
-  std::set<std::string> other;
-  for (const Value& t : types->as_array())
-    if (!(t.is_string() && t.as_string() == "full_attention")) other.insert(t.dump());
-  if (other.empty()) return;
-  std::string listed;
-  for (const auto& t : other) listed += (listed.empty() ? "" : ", ") + t;
-  fail(source + ": unsupported layer types [" + listed + "] (only 'full_attention')");
+}
+
+// The window of sliding-window attention (0: none), as transformers decides
+// it. Mistral windows every layer when sliding_window is set. Qwen2/Qwen3
+// window only when use_sliding_window is true, and then the layers that
+// layer_types marks "sliding_attention" (by default those from
+// max_window_layers on); the forward holds one window for all layers, so a
+// mix of windowed and full layers is refused.
+int64_t sliding_window(const Value& cfg, Architecture arch, int64_t num_layers, const std::string& source) {
+  const bool qwen = arch == Architecture::kQwen2 || arch == Architecture::kQwen3;
+  const bool used = arch == Architecture::kMistral || (qwen && flag(cfg, "use_sliding_window"));
+  const Value* window = used ? member(cfg, "sliding_window") : nullptr;
+  if (window && !(window->is_int() && window->as_int() > 0))
+    fail(source + ": 'sliding_window' must be a positive integer or null, got " + window->dump());
+  const int64_t w = window ? window->as_int() : 0;
+  if (arch == Architecture::kMistral) return w;  // transformers' Mistral ignores layer_types
+  const bool enabled = w > 0;
+  std::vector<bool> sliding(static_cast<size_t>(num_layers), false);
+  const Value* types = member(cfg, "layer_types");
+  if (types && types->truthy()) {
+    if (!types->is_array() || static_cast<int64_t>(types->as_array().size()) != num_layers)
+      fail(source + ": 'layer_types' must be a list of num_hidden_layers (" + std::to_string(num_layers) +
+           ") layer types, got " + types->dump());
+    for (size_t l = 0; l < sliding.size(); ++l) {
+      const Value& t = types->as_array()[l];
+      const std::string name = t.is_string() ? t.as_string() : "";
+      if (name == "sliding_attention" && enabled) sliding[l] = true;
+      else if (name != "full_attention" && name != "sliding_attention")
+        fail(source + ": unsupported layer type " + t.dump() + " in 'layer_types' (supported: " +
+             "'full_attention', 'sliding_attention')");
+    }
+  } else if (enabled) {
+    const Value* from = member(cfg, "max_window_layers");
+    if (from && !(from->is_int() && from->as_int() >= 0))
+      fail(source + ": 'max_window_layers' must be an integer >= 0, got " + from->dump());
+    const int64_t first = from ? from->as_int() : 28;  // transformers' default
+    for (int64_t l = first; l < num_layers; ++l) sliding[static_cast<size_t>(l)] = true;
+  }
+  const auto windowed = std::count(sliding.begin(), sliding.end(), true);
+  if (windowed == 0) return 0;
+  if (windowed < num_layers)
+    fail(source + ": use_sliding_window is true with the window on " + std::to_string(windowed) + " of " +
+         std::to_string(num_layers) + " layers (max_window_layers / layer_types); sliding-window attention "
+         "on only some layers is not supported");
+  return w;
 }
 
 // rope_theta and llama3 scaling from rope_parameters (transformers 5) or the
@@ -264,7 +300,12 @@ void take_bos(const Value* v, const std::string& source, std::optional<int32_t>&
 }  // namespace
 
 const char* architecture_name(Architecture a) {
-  return a == Architecture::kQwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM";
+  switch (a) {
+    case Architecture::kQwen2: return "Qwen2ForCausalLM";
+    case Architecture::kQwen3: return "Qwen3ForCausalLM";
+    case Architecture::kMistral: return "MistralForCausalLM";
+    default: return "LlamaForCausalLM";
+  }
 }
 
 at::ScalarType weight_dtype(const std::string& name) {
@@ -290,9 +331,10 @@ void append_layer_weights(const ModelConfig& c, int64_t l, std::vector<std::pair
                      {mlp + "gate_proj.weight", {i, h}},
                      {mlp + "up_proj.weight", {i, h}},
                      {mlp + "down_proj.weight", {h, i}}});
-  if (c.attention_bias)
+  if (c.attention_bias || c.qkv_bias)
     s.insert(s.end(), {{attn + "q_proj.bias", {q_out}}, {attn + "k_proj.bias", {kv_out}},
-                       {attn + "v_proj.bias", {kv_out}}, {attn + "o_proj.bias", {h}}});
+                       {attn + "v_proj.bias", {kv_out}}});
+  if (c.attention_bias) s.push_back({attn + "o_proj.bias", {h}});
   if (c.mlp_bias)
     s.insert(s.end(), {{mlp + "gate_proj.bias", {i}}, {mlp + "up_proj.bias", {i}},
                        {mlp + "down_proj.bias", {h}}});
@@ -351,7 +393,9 @@ ModelConfig parse_model_config(const Value& cfg, const std::string& source) {
   if (!cfg.is_object()) fail(source + " does not hold a JSON object");
   ModelConfig c;
   c.architecture = architecture(cfg, source);
-  const bool qwen3 = c.architecture == Architecture::kQwen3;
+  const Architecture arch = c.architecture;
+  const bool qwen3 = arch == Architecture::kQwen3;
+  const bool qwen = qwen3 || arch == Architecture::kQwen2;
   c.hidden_size = positive_int(cfg, "hidden_size", source);
   c.num_heads = positive_int(cfg, "num_attention_heads", source);
   c.num_kv_heads = positive_int(cfg, "num_key_value_heads", source, c.num_heads);
@@ -364,10 +408,15 @@ ModelConfig parse_model_config(const Value& cfg, const std::string& source) {
   c.rms_norm_eps = number(cfg.find("rms_norm_eps"), 1e-6, "rms_norm_eps", source);
   c.tie_word_embeddings = flag(cfg, "tie_word_embeddings");
   // transformers' defaults when config.json omits the key.
-  c.max_position_embeddings = positive_int(cfg, "max_position_embeddings", source, qwen3 ? 32768 : 2048);
-  c.attention_bias = flag(cfg, "attention_bias");
-  c.mlp_bias = !qwen3 && flag(cfg, "mlp_bias");  // Qwen3 has no MLP bias
+  const int64_t default_positions = qwen ? 32768 : arch == Architecture::kMistral ? 4096 * 32 : 2048;
+  c.max_position_embeddings = positive_int(cfg, "max_position_embeddings", source, default_positions);
+  // The bias layout is fixed by the architecture except in Llama and Qwen3:
+  // Qwen2 has q, k, v biases and none on o, Mistral none at all.
+  c.attention_bias = (arch == Architecture::kLlama || qwen3) && flag(cfg, "attention_bias");
+  c.qkv_bias = arch == Architecture::kQwen2;
+  c.mlp_bias = arch == Architecture::kLlama && flag(cfg, "mlp_bias");
   c.qk_norm = qwen3;
+  c.sliding_window = sliding_window(cfg, arch, c.num_layers, source);
   try {
     c.validate();
   } catch (const std::invalid_argument& e) {

@@ -41,7 +41,7 @@ at::ScalarType weight_dtype(const std::string& name);
 /// ModelConfig from a parsed config.json; `source` names the file in errors.
 ModelConfig parse_model_config(const json::Value& config, const std::string& source);
 
-/// "LlamaForCausalLM" or "Qwen3ForCausalLM".
+/// The HF name: "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM" or "MistralForCausalLM".
 const char* architecture_name(Architecture architecture);
 
 /// HF name -> shape ([out, in] for matrices) of every weight `config` needs,

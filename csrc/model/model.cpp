@@ -48,6 +48,7 @@ std::vector<float> rope_inv_freq(const ModelConfig& c) {
         f = (1.0 - smooth) * f / rs.factor + smooth * f;
       }
     }
+    if (!c.rope_freq_factors.empty()) f /= c.rope_freq_factors[static_cast<size_t>(i)];
     inv[i] = static_cast<float>(f);
   }
   return inv;
@@ -78,12 +79,11 @@ Model::Model(const ModelConfig& config, const WeightMap& w, const ModelPlacement
                                checked(w, p + "self_attn.v_proj.weight", {kv_out, h})}),
                       dt);
     l.o = be.matrix(checked(w, p + "self_attn.o_proj.weight", {h, q_out}), dt);
-    if (c.attention_bias) {
+    if (c.attention_bias || c.qkv_bias)
       l.qkv_bias = be.vector(at::cat({checked(w, p + "self_attn.q_proj.bias", {q_out}),
                                       checked(w, p + "self_attn.k_proj.bias", {kv_out}),
                                       checked(w, p + "self_attn.v_proj.bias", {kv_out})}));
-      l.o_bias = be.vector(checked(w, p + "self_attn.o_proj.bias", {h}));
-    }
+    if (c.attention_bias) l.o_bias = be.vector(checked(w, p + "self_attn.o_proj.bias", {h}));
     if (c.qk_norm) {
       l.q_norm = be.vector(checked(w, p + "self_attn.q_norm.weight", {d}));
       l.k_norm = be.vector(checked(w, p + "self_attn.k_norm.weight", {d}));
@@ -151,7 +151,8 @@ void Model::attention_block(const Layer& l, int64_t index, const DeviceBatch& b,
     be.rms_norm(k, l.k_norm, eps, k, ctx);
   }
   be.rope_kv_write(q, k, v, inv_freq_, cache, index, b, ctx);
-  const at::Tensor attn = be.paged_attention(q, cache, index, b, 1.0f / std::sqrt(static_cast<float>(d)), ctx);
+  const at::Tensor attn =
+      be.paged_attention(q, cache, index, b, 1.0f / std::sqrt(static_cast<float>(d)), c.sliding_window, ctx);
   be.add(x, be.linear(attn, l.o, l.o_bias, ctx));
 }
 

@@ -1,4 +1,5 @@
-// Llama-3 / Qwen3 decoder forward over a paged KV cache. One entry point
+// The decoder forward of every supported architecture (Llama-3, Qwen2,
+// Qwen3, Mistral) over a paged KV cache. One entry point
 // serves prefill (many tokens per sequence), decode (one token) and scoring of
 // several new tokens on top of a cached prefix: every token is written to its
 // cache slot and attends causally to its own sequence. The forward is written
@@ -67,7 +68,8 @@ class Model {
   std::vector<Layer> layers_;
 };
 
-/// Rotary inverse frequencies [head_dim / 2], with llama3 scaling applied.
+/// Rotary inverse frequencies [head_dim / 2], with llama3 scaling (rope_scaling)
+/// or the per-dimension divisors (rope_freq_factors) applied.
 std::vector<float> rope_inv_freq(const ModelConfig& config);
 
 }  // namespace ssd::model

@@ -55,9 +55,12 @@ void product_fits(const std::string& field, int64_t a, int64_t b) {
 
 Architecture parse_architecture(const std::string& name) {
   if (name == "LlamaForCausalLM") return Architecture::kLlama;
+  if (name == "Qwen2ForCausalLM") return Architecture::kQwen2;
   if (name == "Qwen3ForCausalLM") return Architecture::kQwen3;
+  if (name == "MistralForCausalLM") return Architecture::kMistral;
   throw std::invalid_argument("unsupported architecture '" + name +
-                              "' (supported: LlamaForCausalLM, Qwen3ForCausalLM)");
+                              "' (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+                              "MistralForCausalLM)");
 }
 
 void ModelConfig::validate() const {
@@ -81,6 +84,18 @@ void ModelConfig::validate() const {
   if (rope_scaling.enabled && !(rope_scaling.factor > 0 &&
                                 rope_scaling.high_freq_factor > rope_scaling.low_freq_factor))
     bad("rope_scaling", "llama3 scaling needs factor > 0 and high_freq_factor > low_freq_factor");
+  if (!rope_freq_factors.empty()) {
+    if (static_cast<int64_t>(rope_freq_factors.size()) != head_dim / 2)
+      bad("rope_freq_factors", "must hold head_dim / 2 = " + std::to_string(head_dim / 2) + " values, got " +
+                                   std::to_string(rope_freq_factors.size()));
+    for (double f : rope_freq_factors)
+      if (!(std::isfinite(f) && f > 0)) bad("rope_freq_factors", "every factor must be finite and > 0");
+    if (rope_scaling.enabled) bad("rope_freq_factors", "give either rope_scaling or rope_freq_factors, not both");
+  }
+  if (attention_bias && qkv_bias)
+    bad("qkv_bias", "set either attention_bias (q, k, v and o biases) or qkv_bias (q, k and v only), not both");
+  if (sliding_window < 0)
+    bad("sliding_window", "must be >= 0 (0: no window), got " + std::to_string(sliding_window));
 }
 
 void SamplingParams::validate(int64_t vocab_size) const {

@@ -96,6 +96,8 @@ class LLM:
                 return source
             return models.load(source, dtype=getattr(torch, config.dtype))
 
+        if draft is not None:
+            models.loader.check_same_tokenizer(target, draft)  # before any weights load
         self.model = load(target)
         self.draft_model = None if draft is None else load(draft)
         core = self.model.core_model(config.target_device, batch_invariant=config.batch_invariant)

@@ -36,6 +36,9 @@ TINY_SPECS = {
     # head_dim 64: the cuda backend's own attention kernel (the others take its fallback)
     "qwen3-hd64": TinySpec(arch="qwen3", hidden_size=128, intermediate_size=160, num_heads=2,
                            num_kv_heads=1, head_dim=64, vocab_size=300, num_layers=2, seed=33),
+    # sliding window 7, shorter than most sequences; head_dim 64 for the cuda kernel's window
+    "mistral-sw7": TinySpec(arch="mistral", hidden_size=128, intermediate_size=160, num_heads=2,
+                            num_kv_heads=1, vocab_size=300, num_layers=2, sliding_window=7, seed=34),
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SEQ_LENGTHS = [2, 5, 9, 16, 17, 23, 33, 41]  # 8 sequences, around block edges

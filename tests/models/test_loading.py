@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
 import torch
@@ -30,14 +29,8 @@ from ssd.models import (
     load,
 )
 from ssd.models.gguf_loader import unpermute_rope_rows
+from tests.reference.gguf_files import CHATML, llamacpp_permute, write_tiny_gguf
 from tests.reference.tiny_models import edit_json
-
-CHATML = (
-    "{% for message in messages %}"
-    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 
 TEXTS = [
     "Hello world",
@@ -120,33 +113,7 @@ def assert_config_matches(config: ModelConfig, hf: transformers.PretrainedConfig
     assert config.max_position_embeddings == hf.max_position_embeddings
 
 
-def llamacpp_permute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """What llama.cpp's converter does to Q/K rows: per head, halves interleaved."""
-    half = weight.shape[0] // num_heads // 2
-    return weight.reshape(num_heads, 2, half, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
-
-
 # --------------------------------------------------------- tiny GGUF files
-
-_GGUF_BLOCK_NAMES = {
-    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-    "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-}
-
-
-def gguf_tensor_name(hf_name: str) -> str:
-    """llama.cpp's name for a HF parameter."""
-    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-           "lm_head.weight": "output.weight"}
-    if hf_name in top:
-        return top[hf_name]
-    _, _, layer, rest = hf_name.split(".", 3)
-    module, kind = rest.rsplit(".", 1)
-    return f"blk.{layer}.{_GGUF_BLOCK_NAMES[module]}.{kind}"
-
 
 def train_byte_bpe() -> dict:
     """A small byte-level BPE (tokens, merges, types) with ChatML control tokens."""
@@ -162,58 +129,6 @@ def train_byte_bpe() -> dict:
     merges = [" ".join(m) if isinstance(m, list) else m for m in model["merges"]]
     types = [3 if t.startswith("<|") and t.endswith("|>") else 1 for t in tokens]
     return {"tokens": tokens, "merges": merges, "types": types}
-
-
-def write_tiny_gguf(path: Path, hf_config: transformers.PretrainedConfig,
-                    state_dict: dict[str, torch.Tensor], bpe: dict | None = None, *,
-                    arch: str | None = None, pre: str = "smollm", eos: str = "<|im_end|>",
-                    chat_template: str | None = CHATML, drop: tuple[str, ...] = (),
-                    extra_tensors: dict[str, np.ndarray] | None = None) -> Path:
-    """Write a GGUF (F32 tensors) the way llama.cpp's converter lays it out."""
-    arch = arch or hf_config.model_type
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_name("tiny")
-    writer.add_block_count(hf_config.num_hidden_layers)
-    writer.add_context_length(hf_config.max_position_embeddings)
-    writer.add_embedding_length(hf_config.hidden_size)
-    writer.add_feed_forward_length(hf_config.intermediate_size)
-    writer.add_head_count(hf_config.num_attention_heads)
-    writer.add_head_count_kv(hf_config.num_key_value_heads)
-    writer.add_rope_freq_base(hf_config.rope_parameters["rope_theta"])
-    writer.add_layer_norm_rms_eps(hf_config.rms_norm_eps)
-    writer.add_vocab_size(hf_config.vocab_size)
-    head_dim = hf_config.head_dim
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    if bpe is not None:
-        writer.add_tokenizer_model("gpt2")
-        writer.add_tokenizer_pre(pre)
-        writer.add_token_list(bpe["tokens"])
-        writer.add_token_types(bpe["types"])
-        writer.add_token_merges(bpe["merges"])
-        writer.add_bos_token_id(bpe["tokens"].index("<|im_start|>"))
-        writer.add_eos_token_id(bpe["tokens"].index(eos))
-        writer.add_add_bos_token(False)
-        if chat_template is not None:
-            writer.add_chat_template(chat_template)
-    for name, tensor in state_dict.items():
-        if name == "lm_head.weight" and hf_config.tie_word_embeddings:
-            continue
-        if name in drop:
-            continue
-        if arch == "llama" and ".q_proj." in name:
-            tensor = llamacpp_permute(tensor, hf_config.num_attention_heads)
-        elif arch == "llama" and ".k_proj." in name:
-            tensor = llamacpp_permute(tensor, hf_config.num_key_value_heads)
-        writer.add_tensor(gguf_tensor_name(name), tensor.float().numpy().copy())
-    for name, array in (extra_tensors or {}).items():
-        writer.add_tensor(name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
 
 
 def transformers_gguf_state(path: Path) -> dict[str, torch.Tensor]:
@@ -364,7 +279,7 @@ def test_error_no_config_json(tmp_path):
         load(tmp_path)
 
 
-@pytest.mark.parametrize("architecture", ["MistralForCausalLM", "GPT2LMHeadModel"])
+@pytest.mark.parametrize("architecture", ["GemmaForCausalLM", "GPT2LMHeadModel"])
 def test_error_unsupported_architecture(tmp_path, architecture):
     save_tiny_hf(tmp_path)
     edit_json(tmp_path / "config.json", architectures=[architecture])
@@ -577,7 +492,7 @@ def test_gguf_error_unsupported_architecture(tmp_path, tiny_llama_gguf):
 def test_gguf_error_rope_freqs(tmp_path, tiny_llama_gguf):
     _, config, state = tiny_llama_gguf
     path = write_tiny_gguf(tmp_path / "r.gguf", config, state, None,
-                           extra_tensors={"rope_freqs.weight": np.ones(8, dtype=np.float32)})
+                           extra_tensors={"rope_freqs.weight": np.ones(7, dtype=np.float32)})  # not head_dim / 2
     with pytest.raises(ModelLoadError, match="rope_freqs"):
         load(path)
 

@@ -62,10 +62,12 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
 
 def paged_attention_ref(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    seq_of_token: torch.Tensor, positions: torch.Tensor, scale: float,
+    seq_of_token: torch.Tensor, positions: torch.Tensor, scale: float, window: int = 0,
 ) -> torch.Tensor:
     """Causal attention per sequence: query t sees keys 0..positions[t] of sequence seq_of_token[t].
 
+    With ``window`` > 0 (sliding-window attention) query t sees only keys j with
+    positions[t] - window < j <= positions[t].
     q: [T, Hq, D]; seq_of_token, positions: [T]. Returns [T, Hq, D] float64.
     """
     out = torch.zeros(q.shape, dtype=torch.float64)
@@ -76,6 +78,8 @@ def paged_attention_ref(
         k = gather_positions(k_cache, block_tables[s], n)
         v = gather_positions(v_cache, block_tables[s], n)
         mask = torch.arange(n)[None, :] <= pos[:, None]
+        if window > 0:
+            mask &= torch.arange(n)[None, :] > pos[:, None] - window
         out[rows] = dense_attention(q[rows], k, v, mask, scale)
     return out
 

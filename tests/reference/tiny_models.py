@@ -17,7 +17,9 @@ from pathlib import Path
 
 import torch
 
-ARCHITECTURES = ("llama", "qwen3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
+_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+            "mistral": "MistralForCausalLM"}
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,9 @@ class TinySpec:
     scaling with a small original context (``rope_original_max``), so the
     scaled and the smoothed frequency bands both occur at head_dim >= 8.
     attention_bias / mlp_bias are honoured where the architecture has them
-    (Qwen3 has no mlp_bias).
+    (Qwen3 has no mlp_bias; Qwen2 always has q, k, v biases and Mistral none,
+    so neither takes them). sliding_window > 0 windows every layer's attention
+    (Mistral; Qwen2 with use_sliding_window from layer 0).
     """
 
     arch: str = "llama"
@@ -48,6 +52,7 @@ class TinySpec:
     mlp_bias: bool = False
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 1024
+    sliding_window: int = 0
     init_std: float = 0.15
     seed: int = 0
 
@@ -66,12 +71,14 @@ class TinySpec:
             parts.append("abias")
         if self.mlp_bias:
             parts.append("mbias")
+        if self.sliding_window:
+            parts.append(f"sw{self.sliding_window}")
         parts.append(f"L{self.num_layers}")
         return "-".join(parts)
 
 
 def hf_config(spec: TinySpec):
-    """The transformers config object (LlamaConfig or Qwen3Config) for ``spec``."""
+    """The transformers config object (LlamaConfig, Qwen2Config, ...) for ``spec``."""
     import transformers
 
     if spec.arch not in ARCHITECTURES:
@@ -88,14 +95,23 @@ def hf_config(spec: TinySpec):
         num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
         head_dim=head_dim, hidden_act="silu", max_position_embeddings=spec.max_position_embeddings,
         rms_norm_eps=spec.rms_norm_eps, tie_word_embeddings=spec.tie_word_embeddings,
-        rope_parameters=rope, attention_bias=spec.attention_bias,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        rope_parameters=rope, bos_token_id=None, eos_token_id=None, pad_token_id=None,
     )
+    window = spec.sliding_window or None
+    if spec.arch in ("llama", "qwen3") and window:
+        raise ValueError(f"sliding_window: not a {spec.arch} option here")
+    if spec.arch in ("qwen2", "mistral") and (spec.attention_bias or spec.mlp_bias):
+        raise ValueError(f"attention_bias, mlp_bias: {spec.arch}'s biases are fixed by the architecture")
     if spec.arch == "llama":
-        return transformers.LlamaConfig(mlp_bias=spec.mlp_bias, **common)
+        return transformers.LlamaConfig(mlp_bias=spec.mlp_bias, attention_bias=spec.attention_bias, **common)
+    if spec.arch == "qwen2":
+        return transformers.Qwen2Config(use_sliding_window=window is not None, sliding_window=window,
+                                        max_window_layers=0, **common)
+    if spec.arch == "mistral":
+        return transformers.MistralConfig(sliding_window=window, **common)
     if spec.mlp_bias:
         raise ValueError("mlp_bias: Qwen3 has no MLP bias")
-    return transformers.Qwen3Config(use_sliding_window=False, **common)
+    return transformers.Qwen3Config(use_sliding_window=False, attention_bias=spec.attention_bias, **common)
 
 
 def random_hf_model(spec: TinySpec):
@@ -109,8 +125,7 @@ def random_hf_model(spec: TinySpec):
 
     config = hf_config(spec)
     config._attn_implementation = "eager"
-    cls = (transformers.LlamaForCausalLM if spec.arch == "llama"
-           else transformers.Qwen3ForCausalLM)
+    cls = getattr(transformers, _CLASSES[spec.arch])
     model = cls(config).to(torch.float32).eval()
     generator = torch.Generator().manual_seed(spec.seed)
     with torch.no_grad():

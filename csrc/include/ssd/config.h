@@ -9,10 +9,12 @@
 
 namespace ssd {
 
-/// Architecture of a decoder-only model served by the core.
-enum class Architecture { kLlama, kQwen3 };
+/// Architecture of a decoder-only model served by the core. All share one
+/// forward; they differ only in the ModelConfig flags their checkpoints set.
+enum class Architecture { kLlama, kQwen2, kQwen3, kMistral };
 
-/// Parses "LlamaForCausalLM" / "Qwen3ForCausalLM"; throws on anything else.
+/// Parses "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM" or
+/// "MistralForCausalLM"; throws on anything else.
 Architecture parse_architecture(const std::string& name);
 
 /// `llama3` rope scaling parameters (HF `rope_scaling` with rope_type llama3).
@@ -37,11 +39,19 @@ struct ModelConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
+  /// Per-dimension divisors of the rotary inverse frequencies [head_dim / 2]
+  /// (a GGUF file's rope_freqs tensor: llama3 scaling as llama.cpp stores it);
+  /// empty: none. Excludes rope_scaling.
+  std::vector<double> rope_freq_factors;
   bool tie_word_embeddings = false;
   int64_t max_position_embeddings = 2048;
-  bool attention_bias = false;
+  bool attention_bias = false;  ///< biases on q, k, v and o (Llama's attention_bias)
+  bool qkv_bias = false;        ///< biases on q, k and v only (Qwen2); excludes attention_bias
   bool mlp_bias = false;
   bool qk_norm = false;
+  /// > 0: every layer's query at position i attends keys j with
+  /// i - sliding_window < j <= i (Mistral); 0: all keys j <= i.
+  int64_t sliding_window = 0;
 
   void validate() const;
 };

@@ -1,7 +1,8 @@
 // The softmax-attention loop shared by paged and fork attention. Each query
-// head sees its n keys in the order key 0, ..., n - 1: scores and their max,
-// then exp and the denominator in key order, then the value sum in key order,
-// then one multiply by 1 / denominator. A row's result depends only on that
+// head sees its keys in the order key first, ..., n - 1 (first > 0 only under
+// a sliding window): scores and their max, then exp and the denominator in
+// key order, then the value sum in key order, then one multiply by
+// 1 / denominator. A row's result depends only on that
 // order, never on batching, on which rows share a pass, or on threads; the
 // model's batch invariance relies on it bit for bit.
 #pragma once
@@ -81,11 +82,12 @@ inline void head_scores(const float* q, int64_t heads, const float* key, float s
 }
 
 /// One query row: `heads` query heads of one GQA group (head h at q + h * d,
-/// out + h * d) attending to n >= 1 keys.
+/// out + h * d) attending to keys first..n - 1 (0 <= first < n).
 struct QueryRow {
   const float* q;
   float* out;
   int64_t n;
+  int64_t first = 0;
 };
 
 /// Scratch space of attend_rows, reused between calls.
@@ -108,14 +110,17 @@ void attend_rows(AttentionScratch& s, int64_t heads, int64_t d, float scale, Key
   for (int64_t r = 1; r < num_rows; ++r)
     if (s.rows[r].n > s.rows[widest].n) widest = r;
   const int64_t n_max = s.rows[widest].n;
+  int64_t p_min = n_max;  // the first key any row attends to
+  for (const QueryRow& row : s.rows) p_min = std::min(p_min, row.first);
+  const auto attends = [&](int64_t r, int64_t p) { return p >= s.rows[r].first && p < s.rows[r].n; };
   s.scores.resize(static_cast<size_t>(n_max * cols));
   s.max_score.assign(static_cast<size_t>(cols), -std::numeric_limits<float>::infinity());
   s.denom.assign(static_cast<size_t>(cols), 0.0f);
-  for (int64_t p = 0; p < n_max; ++p) {
+  for (int64_t p = p_min; p < n_max; ++p) {
     if (p + kPrefetchAhead < n_max) prefetch_row(key_at(widest, p + kPrefetchAhead), d);
     float* scores = s.scores.data() + p * cols;
     for (int64_t r = 0; r < num_rows; ++r) {
-      if (p >= s.rows[r].n) continue;
+      if (!attends(r, p)) continue;
       const float* key = key_at(r, p);
       float* row_scores = scores + r * heads;
       float* row_max = s.max_score.data() + r * heads;
@@ -131,30 +136,31 @@ void attend_rows(AttentionScratch& s, int64_t heads, int64_t d, float scale, Key
       }
     }
   }
-  for (int64_t p = 0; p < n_max; ++p) {
+  for (int64_t p = p_min; p < n_max; ++p) {
     float* scores = s.scores.data() + p * cols;
-    // exp over the whole key row, 16 columns at a time (entries of rows with
-    // fewer keys are computed and never read).
+    // exp over the whole key row, 16 columns at a time (entries of rows that
+    // do not attend to key p are computed and never read).
     for (int64_t c = 0; c < cols; c += kLanes) {
       const int64_t len = std::min(kLanes, cols - c);
       vstore_tail(scores + c, vexp(vsub(vload_tail(scores + c, len), vload_tail(s.max_score.data() + c, len))), len);
     }
     for (int64_t r = 0; r < num_rows; ++r) {
-      if (p >= s.rows[r].n) continue;
+      if (!attends(r, p)) continue;
       for (int64_t c = r * heads; c < (r + 1) * heads; ++c) s.denom[c] += scores[c];
     }
   }
   for (const QueryRow& row : s.rows) std::fill(row.out, row.out + heads * d, 0.0f);
   const float* vals[kValueTile];
-  for (int64_t p0 = 0; p0 < n_max; p0 += kValueTile) {
+  for (int64_t p0 = p_min; p0 < n_max; p0 += kValueTile) {
     const int64_t p1 = std::min(n_max, p0 + kValueTile);
     for (int64_t p = p1; p < std::min(n_max, p1 + kValueTile); ++p) prefetch_row(value_at(widest, p), d);
     for (int64_t r = 0; r < num_rows; ++r) {
-      const int64_t end = std::min(p1, s.rows[r].n);
-      for (int64_t p = p0; p < end; ++p) vals[p - p0] = value_at(r, p);
+      const int64_t begin = std::max(p0, s.rows[r].first), end = std::min(p1, s.rows[r].n);
+      if (begin >= end) continue;
+      for (int64_t p = begin; p < end; ++p) vals[p - begin] = value_at(r, p);
       for (int64_t h = 0; h < heads; ++h)
-        accumulate_values(s.rows[r].out + h * d, d, s.scores.data() + p0 * cols + r * heads + h, cols, vals,
-                          end - p0);
+        accumulate_values(s.rows[r].out + h * d, d, s.scores.data() + begin * cols + r * heads + h, cols, vals,
+                          end - begin);
     }
   }
   for (int64_t r = 0; r < num_rows; ++r) {

@@ -44,13 +44,14 @@ void kv_write(const PagedKv& kv, const float* k, const float* v, int64_t ld, int
               int64_t max_blocks);
 
 /// Causal attention of `tokens` queries over the paged cache: query t of
-/// sequence s at position p attends to that sequence's keys 0..p.
+/// sequence s at position p attends to that sequence's keys 0..p, or with
+/// window > 0 (sliding-window attention) to keys p - window + 1..p only.
 /// q: [tokens, ldq] (num_heads * head_dim used), out: [tokens, ldo].
 /// Keys are visited in position order with a two-pass softmax, so the result
 /// is independent of how queries are batched or chunked.
 void paged_attention(const PagedKv& kv, const float* q, int64_t ldq, float* out, int64_t ldo,
                      int64_t tokens, int64_t num_heads, const int32_t* seq_of_token,
                      const int32_t* positions, const int32_t* block_tables, int64_t max_blocks,
-                     float scale, ThreadPool& pool);
+                     float scale, int64_t window, ThreadPool& pool);
 
 }  // namespace ssd::kernels

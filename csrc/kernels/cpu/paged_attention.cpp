@@ -1,5 +1,6 @@
 #include "paged_attention.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace ssd::kernels {
@@ -32,8 +33,11 @@ void paged_attention_units(const PagedAttentionParams& p, const std::vector<RowR
     const int64_t kv_head = unit % kv.num_kv_heads;
     const int64_t first_head = kv_head * group * d;
     scratch.rows.clear();
-    for (int64_t t = run.first; t < run.first + run.count; ++t)
-      scratch.rows.push_back({p.q + t * p.ldq + first_head, p.out + t * p.ldo + first_head, p.positions[t] + 1});
+    for (int64_t t = run.first; t < run.first + run.count; ++t) {
+      const int64_t n = p.positions[t] + 1;
+      const int64_t first_key = p.window > 0 ? std::max<int64_t>(0, n - p.window) : 0;
+      scratch.rows.push_back({p.q + t * p.ldq + first_head, p.out + t * p.ldo + first_head, n, first_key});
+    }
     const int32_t* table = p.block_tables + p.seq_of_token[run.first] * p.max_blocks;
     const float* k = kv.k + kv_head * d;
     const float* v = kv.v + kv_head * d;
@@ -46,9 +50,9 @@ void paged_attention_units(const PagedAttentionParams& p, const std::vector<RowR
 void paged_attention(const PagedKv& kv, const float* q, int64_t ldq, float* out, int64_t ldo,
                      int64_t tokens, int64_t num_heads, const int32_t* seq_of_token,
                      const int32_t* positions, const int32_t* block_tables, int64_t max_blocks,
-                     float scale, ThreadPool& pool) {
+                     float scale, int64_t window, ThreadPool& pool) {
   const PagedAttentionParams params{kv, q, ldq, out, ldo, tokens, num_heads, seq_of_token, positions,
-                                    block_tables, max_blocks, scale};
+                                    block_tables, max_blocks, scale, window};
   const std::vector<RowRun> runs = paged_attention_runs(params);
   pool.parallel_for(static_cast<int64_t>(runs.size()) * kv.num_kv_heads, 1,
                     [&](int64_t begin, int64_t end) { paged_attention_units(params, runs, begin, end); });

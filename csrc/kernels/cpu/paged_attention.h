@@ -24,6 +24,7 @@ struct PagedAttentionParams {
   const int32_t* block_tables = nullptr;  ///< [num_seqs, max_blocks]
   int64_t max_blocks = 0;
   float scale = 1.0f;
+  int64_t window = 0;  ///< > 0: query at position p attends keys p - window + 1..p only
 };
 
 /// Tokens that share a pass over their sequence's keys: runs of consecutive

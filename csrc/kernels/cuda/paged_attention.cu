@@ -11,16 +11,19 @@ namespace {
 
 using attention::kMaxGroup;
 
-// Positions of one sequence, for one kv head, through its block table.
+// Positions first, first + 1, ... of one sequence (key i is position
+// first + i), for one kv head, through its block table.
 struct PagedKeys {
   const float* k;  // cache base + kv_head * D
   const float* v;
   const int32_t* table;
   int block_size;
   int64_t row;  // floats per cache slot: num_kv_heads * D
+  int first;
 
   __device__ int64_t slot(int i) const {
-    return static_cast<int64_t>(table[i / block_size]) * block_size + i % block_size;
+    const int pos = first + i;
+    return static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
   }
   __device__ const float* k_row(int i) const { return k + slot(i) * row; }
   __device__ const float* v_row(int i) const { return v + slot(i) * row; }
@@ -33,15 +36,18 @@ __global__ void __launch_bounds__(attention::kThreads) paged_attention_kernel(Pa
   const int group = static_cast<int>(p.num_heads / p.num_kv_heads);
   const int first = blockIdx.z * kMaxGroup;
   const int64_t head0 = static_cast<int64_t>(kv_head) * group + first;
+  const int n = p.positions[t] + 1;
+  const int first_key = p.window > 0 && n > p.window ? n - static_cast<int>(p.window) : 0;
   const PagedKeys keys{p.k_cache + kv_head * D, p.v_cache + kv_head * D,
                        p.block_tables + static_cast<int64_t>(p.seq_of_token[t]) * p.max_blocks,
-                       static_cast<int>(p.block_size), p.num_kv_heads * D};
-  attention::attend_block<D>(keys, p.positions[t] + 1, p.q + t * p.ldq + head0 * D, p.out + t * p.ldo + head0 * D,
+                       static_cast<int>(p.block_size), p.num_kv_heads * D, first_key};
+  attention::attend_block<D>(keys, n - first_key, p.q + t * p.ldq + head0 * D, p.out + t * p.ldo + head0 * D,
                              min(kMaxGroup, group - first), p.scale);
 }
 
 bool valid(const PagedAttentionParams& p) {
   return attention::head_dim_supported(p.head_dim) && p.num_kv_heads > 0 && p.num_kv_heads <= 65535 &&
+         p.window >= 0 &&
          p.num_heads % p.num_kv_heads == 0 && p.block_size > 0 && p.num_tokens <= 0x7fffffff &&
          attention::aligned16(p.k_cache) && attention::aligned16(p.v_cache);
 }

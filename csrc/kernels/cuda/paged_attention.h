@@ -12,7 +12,9 @@ namespace ssd::kernels::cuda {
 /// q, out [num_tokens, ld] with num_heads * head_dim used; k_cache, v_cache
 /// [blocks, block_size, num_kv_heads, head_dim] contiguous; block_tables
 /// [num_seqs, max_blocks]; query t attends to positions 0..positions[t] of
-/// sequence seq_of_token[t]. Indices are trusted (not checked on the device).
+/// sequence seq_of_token[t], or with window > 0 to positions
+/// positions[t] - window + 1..positions[t]. Indices are trusted (not checked
+/// on the device).
 struct PagedAttentionParams {
   const float* q = nullptr;
   int64_t ldq = 0;
@@ -30,6 +32,7 @@ struct PagedAttentionParams {
   const int32_t* seq_of_token = nullptr;
   const int32_t* positions = nullptr;
   float scale = 1.0f;
+  int64_t window = 0;
 };
 
 /// Enqueues the kernel on `stream`; cudaErrorInvalidValue for unsupported

@@ -22,7 +22,14 @@ class RopeScaling:
 
 @dataclass
 class ModelConfig:
-    architecture: str  # "LlamaForCausalLM" or "Qwen3ForCausalLM"
+    """A decoder's shape and numerics.
+
+    ``architecture`` is one of ``LlamaForCausalLM``, ``Qwen2ForCausalLM``,
+    ``Qwen3ForCausalLM`` and ``MistralForCausalLM``; they share one forward
+    and differ only in the flags below.
+    """
+
+    architecture: str
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -33,11 +40,17 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling | None = None
+    # Divisors of the rotary inverse frequencies, [head_dim / 2]: a GGUF file's
+    # rope_freqs tensor (llama3 scaling as llama.cpp stores it). Excludes rope_scaling.
+    rope_freq_factors: list[float] | None = None
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 2048
-    attention_bias: bool = False
+    attention_bias: bool = False  # biases on q, k, v and o (Llama's attention_bias)
+    qkv_bias: bool = False  # biases on q, k and v only (Qwen2); excludes attention_bias
     mlp_bias: bool = False
     qk_norm: bool = False  # Qwen3: per-head RMSNorm on q and k before rope
+    # > 0: the query at position i attends keys i - sliding_window < j <= i (Mistral)
+    sliding_window: int = 0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -1,8 +1,8 @@
 """Load a GGUF file (llama.cpp's format): config, dequantised weights, tokenizer.
 
-Supported: ``general.architecture`` ``llama`` and ``qwen3``, any tensor type
-``gguf.quants.dequantize`` handles, and byte-level BPE tokenizers
-(``tokenizer.ggml.model == "gpt2"``).
+Supported: ``general.architecture`` ``llama`` (Llama and Mistral files),
+``qwen2`` and ``qwen3``, any tensor type ``gguf.quants.dequantize`` handles,
+and the tokenizers of ``gguf_tokenizer.py`` (byte-level BPE and SentencePiece).
 
 Two llama.cpp conventions are undone so that the weights equal a HuggingFace
 checkpoint's:
@@ -11,6 +11,12 @@ checkpoint's:
 * rows of Q and K (``llama`` only): llama.cpp's converter interleaves the two
   rotary halves of every head (``permute`` in ``convert_hf_to_gguf.py``);
   ``unpermute_rope_rows`` puts them back.
+
+What the file holds outside the weights' names becomes config: biases on
+q, k, v without one on the output (Qwen2) set ``qkv_bias``; a ``rope_freqs``
+tensor (llama3 rope scaling, stored as per-dimension frequency divisors)
+becomes ``rope_freq_factors``; ``<arch>.attention.sliding_window`` becomes
+``sliding_window``.
 """
 from __future__ import annotations
 
@@ -20,20 +26,22 @@ from typing import Any
 
 import gguf
 import numpy as np
-import tokenizers
 import torch
-from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, processors
 
 from .config import ModelConfig
 from .errors import ModelLoadError
 from .loaded import LoadedModel, end_of_sequence_ids
+from .gguf_tokenizer import short_repr, build_tokenizer
 from .tokenizer import Tokenizer
 from .weights import check_config, check_names, expected_shapes, finish_tensor
 
 GGUF_MAGIC = b"GGUF"
 
-# general.architecture -> ModelConfig.architecture
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+# general.architecture -> ModelConfig.architecture (Mistral files say "llama")
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+# Tensors read into the config rather than the weights.
+ROPE_FREQS = "rope_freqs.weight"
 
 # Names outside the decoder blocks.
 _GLOBAL_NAMES = {
@@ -58,21 +66,6 @@ _BLOCK_NAMES = {
 }
 _BLOCK_PATTERN = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
-# GGUF token types (llama.cpp's llama_token_type).
-_TOKEN_CONTROL = 3
-_TOKEN_USER_DEFINED = 4
-
-# Split patterns of the pre-tokenizers named by tokenizer.ggml.pre, as in the
-# models' own tokenizer.json files (Llama 3, Qwen2).
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_LLAMA3_PRE = ("llama-bpe", "llama3", "llama-v3")
-_QWEN2_PRE = ("qwen2", "deepseek-r1-qwen")
-SUPPORTED_PRE_TOKENIZERS = ("gpt2", "smollm", *_LLAMA3_PRE, *_QWEN2_PRE)
-
-
 def is_gguf_file(path: Path) -> bool:
     """Whether ``path`` is a file starting with the GGUF magic bytes."""
     try:
@@ -87,7 +80,7 @@ def load_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedMod
     reader = _open_reader(path)
     meta = _Metadata(reader, str(path))
     tensors = {t.name: t for t in reader.tensors}
-    config = gguf_config(meta, set(tensors))
+    config = gguf_config(meta, tensors)
     tokenizer = build_tokenizer(meta)
     weights = _read_weights(tensors, config, meta.architecture, dtype, device, str(path))
     eos_ids = end_of_sequence_ids(
@@ -178,7 +171,7 @@ class _Metadata:
         if kind is not None and not _has_type(value, kind, item):
             wanted = _TYPE_NAMES[kind] + (f" of {_TYPE_NAMES[item].split()[1]}s" if item else "")
             raise ModelLoadError(f"{self.source}: metadata {key!r} must be {wanted}, "
-                                 f"got {_short(value)}")
+                                 f"got {short_repr(value)}")
         return value
 
     def require(self, key: str, kind: type | None = None, item: type | None = None) -> Any:
@@ -203,7 +196,7 @@ class _Metadata:
             raise ModelLoadError(f"{self.source}: missing metadata {full!r}")
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ModelLoadError(f"{self.source}: metadata {full!r} must be a positive integer, "
-                                 f"got {_short(value)}")
+                                 f"got {short_repr(value)}")
         return value
 
     def arch_float(self, key: str, default: float) -> float:
@@ -231,19 +224,18 @@ def _has_type(value: Any, kind: type, item: type | None) -> bool:
     return item is None or all(is_a(v, item) for v in value)
 
 
-def _short(value: Any) -> str:
-    """``repr(value)`` cut to a length an error message can carry."""
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
 # ------------------------------------------------------------------ config
 
 
-def gguf_config(meta: _Metadata, tensor_names: set[str]) -> ModelConfig:
-    """``ModelConfig`` from GGUF metadata; ``tensor_names`` decides embedding tying."""
+def gguf_config(meta: _Metadata, tensors: dict[str, Any]) -> ModelConfig:
+    """``ModelConfig`` from GGUF metadata and ``tensors`` (name -> reader tensor).
+
+    Which tensors exist decides embedding tying and the biases; the
+    ``rope_freqs`` tensor, when present, is read into ``rope_freq_factors``.
+    """
     source = meta.source
-    _check_rope_scaling(meta, tensor_names)
+    tensor_names = set(tensors)
+    _check_rope_scaling(meta)
     hidden = meta.arch_int("embedding_length")
     heads = meta.arch_int("attention.head_count")
     head_dim = meta.arch_int("attention.key_length", _default_head_dim(hidden, heads, source))
@@ -254,6 +246,7 @@ def gguf_config(meta: _Metadata, tensor_names: set[str]) -> ModelConfig:
             f"{source}: key length {head_dim}, value length {value_dim} and rope dimension "
             f"{rope_dim} differ; only equal sizes (full rotary) are supported"
         )
+    output_bias = "blk.0.attn_output.bias" in tensor_names
     config = ModelConfig(
         architecture=ARCHITECTURES[meta.architecture],
         vocab_size=meta.arch_int("vocab_size", _vocab_size(meta)),
@@ -266,11 +259,15 @@ def gguf_config(meta: _Metadata, tensor_names: set[str]) -> ModelConfig:
         rms_norm_eps=meta.arch_float("attention.layer_norm_rms_epsilon", 1e-6),
         rope_theta=meta.arch_float("rope.freq_base", 10000.0),
         rope_scaling=None,
+        rope_freq_factors=_rope_freq_factors(tensors, head_dim, source),
         tie_word_embeddings="output.weight" not in tensor_names,
         max_position_embeddings=meta.arch_int("context_length", 2048),
-        attention_bias="blk.0.attn_q.bias" in tensor_names,
+        # q, k, v and output biases (Llama's attention_bias), or q, k, v only (Qwen2)
+        attention_bias=output_bias,
+        qkv_bias=not output_bias and "blk.0.attn_q.bias" in tensor_names,
         mlp_bias="blk.0.ffn_up.bias" in tensor_names,
         qk_norm=meta.architecture == "qwen3",
+        sliding_window=_sliding_window(meta),
     )
     check_config(config, source)
     return config
@@ -290,16 +287,39 @@ def _vocab_size(meta: _Metadata) -> int | None:
     return len(tokens) if tokens else None
 
 
-def _check_rope_scaling(meta: _Metadata, tensor_names: set[str]) -> None:
-    """Reject rope scaling; GGUF carries llama3 scaling only as a ``rope_freqs`` tensor."""
+def _check_rope_scaling(meta: _Metadata) -> None:
+    """Reject rope scaling metadata; llama3 scaling comes as a ``rope_freqs`` tensor instead."""
     kind = meta.get(f"{meta.architecture}.rope.scaling.type", kind=str)
     if kind not in (None, "none"):
         raise ModelLoadError(f"{meta.source}: unsupported rope scaling type {kind!r} in GGUF")
-    if "rope_freqs.weight" in tensor_names:
-        raise ModelLoadError(
-            f"{meta.source}: rope scaling stored as a rope_freqs tensor (e.g. llama3) is not "
-            "supported for GGUF files; load the HuggingFace directory instead"
-        )
+
+
+def _rope_freq_factors(tensors: dict[str, Any], head_dim: int, source: str) -> list[float] | None:
+    """The ``rope_freqs`` tensor's values: llama.cpp's rotary frequency divisors, [head_dim / 2].
+
+    llama.cpp's converter stores llama3 rope scaling this way (and no scaling
+    metadata): rotary inverse frequency i becomes ``base_i / rope_freqs[i]``.
+    """
+    if ROPE_FREQS not in tensors:
+        return None
+    factors = dequantize(tensors[ROPE_FREQS], source).flatten()
+    if factors.numel() != head_dim // 2:
+        raise ModelLoadError(f"{source}: tensor {ROPE_FREQS} has {factors.numel()} values, expected "
+                             f"head_dim / 2 = {head_dim // 2}")
+    if not bool(torch.isfinite(factors).all() and (factors > 0).all()):
+        raise ModelLoadError(f"{source}: tensor {ROPE_FREQS} must hold finite factors > 0")
+    return factors.tolist()
+
+
+def _sliding_window(meta: _Metadata) -> int:
+    """``<arch>.attention.sliding_window`` (0: absent, or 0 in the file: no window)."""
+    key = f"{meta.architecture}.attention.sliding_window"
+    window = meta.get(key, kind=int)
+    if window is None or window == 0:
+        return 0
+    if window < 0:
+        raise ModelLoadError(f"{meta.source}: metadata {key!r} must be >= 0, got {window}")
+    return window
 
 
 # ----------------------------------------------------------------- weights
@@ -319,6 +339,7 @@ def hf_tensor_name(gguf_name: str) -> str | None:
 def _read_weights(tensors: dict[str, Any], config: ModelConfig, architecture: str,
                   dtype: torch.dtype, device: torch.device, source: str) -> dict[str, torch.Tensor]:
     """Dequantised, renamed (and for llama un-permuted) weights named as HF names them."""
+    tensors = {name: t for name, t in tensors.items() if name != ROPE_FREQS}  # read into the config
     unknown = sorted(name for name in tensors if hf_tensor_name(name) is None)
     if unknown:
         raise ModelLoadError(f"{source}: unexpected tensor {unknown[0]} for a {architecture} model")
@@ -374,125 +395,3 @@ def unpermute_rope_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     half = rows // num_heads // 2
     rest = weight.shape[1:]
     return weight.reshape(num_heads, half, 2, *rest).transpose(1, 2).reshape(weight.shape)
-
-
-# --------------------------------------------------------------- tokenizer
-
-
-def build_tokenizer(meta: _Metadata) -> Tokenizer | None:
-    """The tokenizer described by ``tokenizer.ggml.*``, or None when there is none."""
-    kind = meta.get("tokenizer.ggml.model")
-    if kind is None:
-        return None
-    if kind != "gpt2":
-        raise ModelLoadError(f"{meta.source}: unsupported GGUF tokenizer model {_short(kind)}; "
-                             "supported: 'gpt2' (byte-level BPE)")
-    tokens: list[str] = meta.require("tokenizer.ggml.tokens", kind=list, item=str)
-    pre = meta.get("tokenizer.ggml.pre", "gpt2", kind=str)
-    pre_tokenizer = _pre_tokenizer(pre, meta.source)
-    merges = _merges(meta)
-    token_types = meta.get("tokenizer.ggml.token_type", [], kind=list, item=int)
-    bos, eos = (_token_at(tokens, meta.token_id(f"tokenizer.ggml.{k}_token_id")) for k in ("bos", "eos"))
-    try:  # the tokenizers library checks what it is given (merges of unknown tokens, ...)
-        backend = tokenizers.Tokenizer(models.BPE(
-            vocab={token: i for i, token in enumerate(tokens)},
-            merges=merges,
-            ignore_merges=pre in _LLAMA3_PRE,
-        ))
-        backend.normalizer = _normalizer(pre)
-        backend.pre_tokenizer = pre_tokenizer
-        backend.decoder = decoders.ByteLevel()
-        _add_special_tokens(backend, tokens, token_types, meta.source)
-        backend.post_processor = _post_processor(meta, bos, eos)
-    except ModelLoadError:
-        raise
-    except Exception as exc:
-        raise ModelLoadError(f"{meta.source}: cannot build the tokenizer its metadata describes: {exc}") from exc
-    return Tokenizer(backend, bos_token=bos, eos_token=eos,
-                     chat_template=meta.get("tokenizer.chat_template", kind=str), source=meta.source)
-
-
-def _merges(meta: _Metadata) -> list[tuple[str, str]]:
-    """BPE merges ``"a b"`` -> ``("a", "b")``."""
-    pairs = []
-    for merge in meta.require("tokenizer.ggml.merges", kind=list, item=str):
-        parts = merge.split(" ")
-        if len(parts) != 2:
-            raise ModelLoadError(f"{meta.source}: malformed tokenizer merge {merge!r}")
-        pairs.append((parts[0], parts[1]))
-    return pairs
-
-
-def _pre_tokenizer(pre: str, source: str) -> pre_tokenizers.PreTokenizer:
-    """The pre-tokenizer for ``tokenizer.ggml.pre``.
-
-    * ``gpt2``: GPT-2's byte-level split.
-    * ``smollm``: digits split one by one, then GPT-2's byte-level split
-      (SmolLM2's own tokenizer.json; llama.cpp does the same).
-    * ``llama-bpe`` / ``qwen2`` (and aliases): the model's split regex, then
-      byte-level mapping without GPT-2's regex.
-    """
-    if pre == "gpt2":
-        return pre_tokenizers.ByteLevel(add_prefix_space=False)
-    if pre == "smollm":
-        return pre_tokenizers.Sequence([
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False),
-        ])
-    split = _LLAMA3_SPLIT if pre in _LLAMA3_PRE else _QWEN2_SPLIT if pre in _QWEN2_PRE else None
-    if split is None:
-        raise ModelLoadError(f"{source}: unsupported GGUF pre-tokenizer {pre!r}; "
-                             f"supported: {', '.join(SUPPORTED_PRE_TOKENIZERS)}")
-    return pre_tokenizers.Sequence([
-        pre_tokenizers.Split(tokenizers.Regex(split), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-
-
-def _normalizer(pre: str) -> normalizers.Normalizer | None:
-    """Qwen2's tokenizer applies NFC before splitting; the others normalise nothing."""
-    return normalizers.NFC() if pre in _QWEN2_PRE else None
-
-
-def _add_special_tokens(backend: tokenizers.Tokenizer, tokens: list[str],
-                        token_types: list[int], source: str) -> None:
-    """Control tokens become special tokens, user-defined ones plain added tokens.
-
-    Both are then matched whole in text instead of being split by BPE.
-    """
-    if not token_types:
-        return
-    if len(token_types) != len(tokens):
-        raise ModelLoadError(f"{source}: {len(token_types)} token types for {len(tokens)} tokens")
-    kinds = list(zip(tokens, token_types, strict=True))
-    special = [AddedToken(t, special=True, normalized=False) for t, k in kinds if k == _TOKEN_CONTROL]
-    user = [AddedToken(t, special=False, normalized=False) for t, k in kinds if k == _TOKEN_USER_DEFINED]
-    if special:
-        backend.add_special_tokens(special)
-    if user:
-        backend.add_tokens(user)
-
-
-def _token_at(tokens: list[str], token_id: int | None) -> str | None:
-    """``tokens[token_id]``, or None when the id is absent or out of range."""
-    if isinstance(token_id, int) and 0 <= token_id < len(tokens):
-        return tokens[token_id]
-    return None
-
-
-def _post_processor(meta: _Metadata, bos: str | None,
-                    eos: str | None) -> processors.PostProcessor | None:
-    """BOS/EOS added by ``encode(add_special_tokens=True)``, as the metadata asks."""
-    add_bos = meta.get("tokenizer.ggml.add_bos_token", False, kind=bool) and bos is not None
-    add_eos = meta.get("tokenizer.ggml.add_eos_token", False, kind=bool) and eos is not None
-    if not (add_bos or add_eos):
-        return None
-    prefix = [f"{bos}:0"] if add_bos else []
-    suffix = [f"{eos}:0"] if add_eos else []
-    specials = ([(bos, meta.token_id("tokenizer.ggml.bos_token_id"))] if add_bos else []) + \
-               ([(eos, meta.token_id("tokenizer.ggml.eos_token_id"))] if add_eos else [])
-    return processors.TemplateProcessing(
-        single=[*prefix, "$A:0", *suffix],
-        pair=[*prefix, "$A:0", *suffix, *prefix, "$B:1", *suffix],
-        special_tokens=list(dict.fromkeys(specials)),
-    )

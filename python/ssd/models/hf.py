@@ -100,10 +100,12 @@ def _chat_template(model_dir: Path, tokenizer_config: dict[str, Any]) -> str | N
 
 def _load_tokenizer(model_dir: Path, tokenizer_config: dict[str, Any],
                     chat_template: str | None) -> Tokenizer | None:
-    """The tokenizer from ``tokenizer.json``, or None when the directory has none."""
+    """The tokenizer from ``tokenizer.json`` (else a SentencePiece ``tokenizer.model``), or None."""
     path = model_dir / "tokenizer.json"
     if not path.is_file():
-        return None
+        from .spm_tokenizer import hf_tokenizer
+
+        return hf_tokenizer(model_dir, tokenizer_config, chat_template)
     try:
         backend = tokenizers.Tokenizer.from_file(str(path))
     except Exception as exc:

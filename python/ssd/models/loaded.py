@@ -61,15 +61,39 @@ class LoadedModel:
         if core is None:
             from .core import build_core_model
 
+            self.drop_vocab_padding()
             core = build_core_model(self.config, self.weights, device=device, backend=backend,
                                     batch_invariant=batch_invariant)
             cores[key] = core
         return core
 
+    def drop_vocab_padding(self) -> None:
+        """Cuts the logit rows past the tokenizer: the one rule for every engine and mode.
+
+        A checkpoint may have more embedding and ``lm_head`` rows than its
+        tokenizer has ids (rows padded to a round number: Qwen2.5-0.5B has
+        151936, Qwen2.5-7B 152064, their tokenizer 151665 ids). When the
+        tokenizer's ids (added tokens included) are ``n`` < ``config.vocab_size``,
+        both matrices keep their first ``n`` rows and ``config.vocab_size``
+        becomes ``n``, so no padding id is ever sampled, in ar, sd and ssd
+        alike, and a draft and a target sharing one tokenizer have equal
+        vocabularies. Called by ``core_model`` before the first core is built;
+        a model without a tokenizer, or whose tokenizer covers every row, is
+        left as it is.
+        """
+        n = None if self.tokenizer is None else self.tokenizer.num_ids
+        if n is None or n >= self.config.vocab_size:
+            return
+        for name in ("model.embed_tokens.weight", "lm_head.weight"):
+            if name in self.weights:
+                self.weights[name] = self.weights[name][:n].contiguous()
+        self.config.vocab_size = n
+
     def logits(self, token_ids: list[int], device: str = "cpu", backend: str = "auto") -> torch.Tensor:
         """Scores a whole sequence through the paged C++ path.
 
-        token_ids: [len] -> logits [len, vocab] (float32, on the host).
+        token_ids: [len] -> logits [len, vocab] (float32, on the host; vocab as
+        ``drop_vocab_padding`` leaves it).
         """
         from .core import sequence_logits
 

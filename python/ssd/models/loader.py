@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from .errors import ModelLoadError
+from .hub_cache import resolve_model
 from .loaded import LoadedModel
 from .tokenizer import Tokenizer
 
@@ -21,7 +22,8 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu",
     """Load a model from a HuggingFace directory or a GGUF file.
 
     Args:
-        path: a directory with ``config.json`` + safetensors, or a ``.gguf`` file.
+        path: a directory with ``config.json`` + safetensors, or a ``.gguf`` file; or a
+            model name (``org/name``) in the local HuggingFace cache (ssd.models.hub_cache).
         device: where the weights go (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...).
         dtype: ``torch.float32`` or ``torch.bfloat16`` (names accepted too);
             every weight, norms included, is converted to it.
@@ -31,11 +33,9 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu",
     Raises:
         ModelLoadError: for any problem with the path, its files or the arguments.
     """
-    model_path = Path(path).expanduser()
+    model_path = resolve_model(path)
     dtype = _check_dtype(dtype, model_path)
     device = _check_device(device, model_path)
-    if not model_path.exists():
-        raise ModelLoadError(f"model path does not exist: {model_path}")
     if model_path.is_dir():
         from .hf import load_hf_dir
 
@@ -55,9 +55,7 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     Raises:
         ModelLoadError: the path cannot be read, or the model has no tokenizer.
     """
-    model_path = Path(path).expanduser()
-    if not model_path.exists():
-        raise ModelLoadError(f"model path does not exist: {model_path}")
+    model_path = resolve_model(path)
     if model_path.is_dir():
         from .hf import load_tokenizer_files
 
@@ -71,6 +69,31 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     if tokenizer is None:
         raise ModelLoadError(f"model at {model_path} has no tokenizer")
     return tokenizer
+
+
+def check_same_tokenizer(target: str | os.PathLike | LoadedModel, draft: str | os.PathLike | LoadedModel) -> None:
+    """ValueError when the draft's tokenizer maps some token to another id than the target's.
+
+    target / draft: paths (or names) or ``LoadedModel`` s. Only tokenizers are
+    read, so a mismatched pair is refused before any weights load. A model
+    without a tokenizer (or a path that cannot be read: loading it reports
+    that) is not compared; the engine still compares vocabulary sizes.
+    """
+    found = []
+    for model in (target, draft):
+        if isinstance(model, LoadedModel):
+            found.append(model.tokenizer)
+            continue
+        try:
+            found.append(load_tokenizer(model))
+        except ModelLoadError:
+            found.append(None)
+    if None in found:
+        return
+    difference = found[0].vocabulary_difference(found[1])
+    if difference is not None:
+        raise ValueError(f"draft: its tokenizer ({found[1].source}) differs from the target's "
+                         f"({found[0].source}): {difference}; a draft must share the target's tokenizer")
 
 
 def _check_dtype(dtype: torch.dtype | str, path: Path) -> torch.dtype:

@@ -100,6 +100,23 @@ class Tokenizer:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
     @property
+    def num_ids(self) -> int:
+        """One more than the largest token id, added tokens included (ids may skip numbers)."""
+        ids = self.backend.get_vocab(with_added_tokens=True).values()
+        return max(ids, default=-1) + 1
+
+    def vocabulary_difference(self, other: Tokenizer) -> str | None:
+        """None when ``other`` maps every token to the same id; else the first difference, in words."""
+        mine, theirs = (t.backend.get_vocab(with_added_tokens=True) for t in (self, other))
+        if mine == theirs:
+            return None
+        if len(mine) != len(theirs):
+            return f"{len(mine)} tokens against {len(theirs)}"
+        token = min((t for t in mine if theirs.get(t) != mine[t]), key=mine.get)
+        where = f"id {theirs[token]}" if token in theirs else "absent"
+        return f"token {token!r} is id {mine[token]} against {where}"
+
+    @property
     def bos_token_id(self) -> int | None:
         """Id of ``bos_token``, or None."""
         return self.token_to_id(self.bos_token)

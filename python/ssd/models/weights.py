@@ -29,8 +29,8 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """HuggingFace parameter name -> shape for every weight the model needs.
 
     ``lm_head.weight`` is absent when embeddings are tied; biases appear only
-    when ``attention_bias`` / ``mlp_bias`` is set; ``q_norm`` / ``k_norm``
-    only when ``qk_norm`` is set.
+    when ``attention_bias`` (q, k, v, o), ``qkv_bias`` (q, k, v) or
+    ``mlp_bias`` is set; ``q_norm`` / ``k_norm`` only when ``qk_norm`` is set.
     """
     from ssd import _C
 
