@@ -10,6 +10,7 @@ runs on their own machine, are allowed). Exits 1 and lists the bad links.
 """
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 from pathlib import Path
@@ -47,7 +48,9 @@ def bad_links(path: Path, root: Path = ROOT) -> list[str]:
     return problems
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__, usage="python scripts/check_links.py",
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     docs = documents()
     problems = [p for doc in docs for p in bad_links(doc)]
     for p in problems:

@@ -21,10 +21,17 @@
 # Usage: bash scripts/gpu_check.sh [--cpu]
 #   --cpu: every step on tiny shapes on the CPU, the CUDA-only ones (sanitizers)
 #   skipped and the CUDA tests only collected; CI runs it so this script cannot rot.
+#   -h, --help: print this header and exit.
 set -uo pipefail
-cd "$(dirname "$0")/.."
 CPU=0
-[ "${1:-}" = "--cpu" ] && CPU=1
+for arg in "$@"; do
+  case $arg in
+    -h|--help) sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;;
+    --cpu) CPU=1 ;;
+    *) echo "gpu_check.sh: unknown option $arg (bash scripts/gpu_check.sh --help lists them)" >&2; exit 2 ;;
+  esac
+done
+cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 OUT=${OUT:-build/gpu-check}
 mkdir -p "$OUT"
@@ -62,7 +69,8 @@ NOT_THERE="not smollm2"
 SMALL="not smollm2 and not 151936 and not 5000 and not law_batches and not opcheck and not top_p_cut and not 256]"
 
 if [ $CPU -eq 1 ]; then
-  # install.sh built the extension in build/py: this is the same command, incremental.
+  # install.sh built the extension in build/py-<python>-torch<version>: this is the same
+  # command, so the same folder, incremental.
   step build 210 "$PY" -m pip install -q --no-deps --no-build-isolation .
   step tests 110 bash -c "'$PY' -m pytest -q -p no:cacheprovider tests/model/test_backend_steps.py \
       tests/runtime/test_placement.py && '$PY' -m pytest -q -p no:cacheprovider --collect-only -m cuda \

@@ -3,7 +3,11 @@
 ``import ssd`` is light: the extension (and torch) load on first use of
 ``LLM``, ``ssd.models`` or a config's validation.
 """
-from ssd.config import EngineConfig, SamplingParams
+from ssd._torch_check import check_torch as _check_torch
+
+_check_torch()
+
+from ssd.config import EngineConfig, SamplingParams  # noqa: E402
 
 __all__ = ["LLM", "AsyncLLM", "EngineConfig", "SamplingParams", "RequestOutput", "StreamChunk"]
 __version__ = "0.1.0"
