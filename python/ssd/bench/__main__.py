@@ -88,7 +88,7 @@ def _regime(name: str):
 
 def parse_args(argv=None) -> tuple[BenchConfig, argparse.Namespace]:
     usage = f"%(prog)s [options]  (the default run)\n       %(prog)s {{{','.join(SUBCOMMANDS)}}} ..."
-    ap = argparse.ArgumentParser(prog=BENCH_PROG, usage=usage, epilog=epilog(),
+    ap = argparse.ArgumentParser(prog=BENCH_PROG, usage=usage, epilog=epilog(), allow_abbrev=False,
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  description="AR, SD and SSD side by side on real prompts, beside the speed model.")
     ap.add_argument("--target", help="target model (HF directory or GGUF); default: the constructed regime pair")
