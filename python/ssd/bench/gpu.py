@@ -3,7 +3,8 @@
 The target is Llama-3.1-8B-shaped and the draft Llama-3.2-1B-shaped, bf16,
 with random weights made on the device (nothing is loaded or downloaded). It
 measures batch-1 ar decode tok/s against the memory-bandwidth bound (weight
-bytes / bandwidth: every decode step reads every weight once), the same with
+bytes / bandwidth: every decode step reads every weight once; the bandwidth
+is the device's own, see ``device_bandwidth``), the same with
 stock cuBLAS products (``batch_invariant=False``), greedy sd beside it,
 whose tokens must equal ar's, and the bandwidth of the batch-1 matrix
 products of the forward's largest matrices. ``--shapes tiny --device cpu`` runs the same
@@ -42,7 +43,70 @@ SHAPES = {
                       tie_word_embeddings=True),
     },
 }
-H200_BANDWIDTH = 4.8e12  # bytes/s, HBM3e (NVIDIA's H200 datasheet)
+# Peak memory bandwidth, bytes/s, from NVIDIA's datasheets, for devices whose
+# properties lack the memory clock or bus width. A row matches when every one
+# of its words is in the device's name (case-insensitive); the first match wins,
+# so the more specific rows come first. SXM H100s call themselves "H100 80GB HBM3".
+DATASHEET_BANDWIDTH = [
+    (("H200",), 4.8e12),                  # H200 SXM and NVL, HBM3e
+    (("H100", "NVL"), 3.9e12),
+    (("H100", "PCIe"), 2.0e12),
+    (("H100",), 3.35e12),                 # H100 SXM5, HBM3
+    (("A100", "80GB", "PCIe"), 1.935e12),
+    (("A100", "80GB"), 2.039e12),         # A100 SXM4 80GB
+    (("A100",), 1.555e12),                # A100 40GB, SXM4 and PCIe
+    (("L40",), 864e9),                    # L40 and L40S
+    (("RTX 4090",), 1.008e12),
+]
+
+
+def device_bandwidth(device: str, override_gbs: float | None = None) -> tuple[float | None, str]:
+    """The peak memory bandwidth of `device` in bytes/s and where it came from;
+    (None, why) when it is not known.
+
+    In order: `override_gbs` (GB/s, from --bandwidth-gbs); the device's own
+    memory clock and bus width; the datasheet row its name matches. The memory
+    clock is in kHz and the memory transfers twice a clock (double data rate):
+    2 * clock * 1e3 * bus_width / 8. Against the datasheets: H100 SXM5 reports
+    2619 MHz on 5120 bits -> 3.35 TB/s (datasheet 3.35); A100 SXM4 80GB 1593 MHz
+    on 5120 bits -> 2.04 TB/s (datasheet 2.039); H200's 4.8 TB/s on its 6144 bits
+    is 3125 MHz.
+    """
+    if override_gbs is not None:
+        return override_gbs * 1e9, "--bandwidth-gbs"
+    if not device.startswith("cuda"):
+        return None, f"{device} is not a CUDA device"
+    import torch
+
+    dev = torch.device(device)
+    props = torch.cuda.get_device_properties(dev)
+    clock_khz = getattr(props, "memory_clock_rate", 0) or 0
+    bus_bits = getattr(props, "memory_bus_width", 0) or 0
+    if clock_khz > 0 and bus_bits > 0:
+        return (2 * clock_khz * 1e3 * bus_bits / 8,
+                f"memory_clock_rate {clock_khz / 1e3:.0f} MHz x memory_bus_width {bus_bits} bits")
+    name = torch.cuda.get_device_name(dev)
+    for words, bandwidth in DATASHEET_BANDWIDTH:
+        if all(w.lower() in name.lower() for w in words):
+            return bandwidth, f"datasheet for {name}"
+    return None, f"unknown for {name} (give --bandwidth-gbs)"
+
+
+def add_bandwidth_bound(result: dict, bandwidth: float | None, source: str) -> str:
+    """Record the bandwidth bound in `result` (its ar tok/s, the target's
+    weight bytes and the linear rows' GB/s against `bandwidth` bytes/s); the
+    line to print. An unknown bandwidth records none and says so."""
+    result["bandwidth_bytes_s"] = bandwidth
+    result["bandwidth_source"] = source
+    if bandwidth is None:
+        return f"memory bandwidth {source}: no bound"
+    bound = bandwidth / result["target_weight_bytes"]
+    result["bandwidth_bound_tok_s"] = bound
+    result["ar_fraction_of_bound"] = result["ar"]["tok_s"] / bound
+    for row in result["linear"]:
+        row["fraction_of_bandwidth"] = row["gb_s"] * 1e9 / bandwidth
+    return (f"ar at {result['ar_fraction_of_bound']:.0%} of the {bound:.0f} tok/s bandwidth bound "
+            f"({bandwidth / 1e12:.2f} TB/s, {source})")
 
 
 def generated_model(shape: dict, device: str, dtype, seed: int, name: str):
@@ -170,14 +234,9 @@ def run(args) -> dict:
     result["sd_equals_ar"] = result["sd"]["token_ids"] == result["ar"]["token_ids"]
     result["linear"] = linear_bandwidth(dev, shapes)
     if dev.startswith("cuda"):
-        bound = H200_BANDWIDTH / bytes_t
-        result["bandwidth_bound_tok_s"] = bound
-        result["ar_fraction_of_bound"] = result["ar"]["tok_s"] / bound
-        for row in result["linear"]:
-            row["fraction_of_bandwidth"] = row["gb_s"] * 1e9 / H200_BANDWIDTH
         result["gpu"] = torch.cuda.get_device_name(torch.device(dev))
-        print(f"ar at {result['ar_fraction_of_bound']:.0%} of the {bound:.0f} tok/s bandwidth bound "
-              f"({H200_BANDWIDTH / 1e12:.1f} TB/s)", flush=True)
+    if dev.startswith("cuda") or args.bandwidth_gbs is not None:
+        print(add_bandwidth_bound(result, *device_bandwidth(dev, args.bandwidth_gbs)), flush=True)
     print(f"greedy sd equals ar: {result['sd_equals_ar']}", flush=True)
     return result
 
@@ -191,8 +250,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--kv-cache-gib", type=float, default=2.0)
+    ap.add_argument("--bandwidth-gbs", type=float,
+                    help="the device's peak memory bandwidth in GB/s for the bound (default: from the "
+                         "device's memory clock and bus width, else its datasheet)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
+    if args.bandwidth_gbs is not None and not args.bandwidth_gbs > 0:
+        ap.error(f"--bandwidth-gbs must be positive, got {args.bandwidth_gbs}")
     from ssd import _C
 
     problem = _C.device_problem(args.device)
