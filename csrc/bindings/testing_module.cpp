@@ -373,6 +373,24 @@ class BackendSteps {
     return step([&](model::StepContext&) { return backend_->silu_mul(in); });
   }
 
+  /// copy_kv_slots on a fresh cache holding `kv` [layers, 2, num_blocks,
+  /// block_size, kv_heads, head_dim]: returns the cache's storage after the copy.
+  at::Tensor copy_kv_slots(const at::Tensor& kv, const std::vector<int64_t>& src_slots,
+                           const std::vector<int64_t>& dst_slots) {
+    if (kv.dim() != 6 || kv.size(1) != 2)
+      throw std::invalid_argument("copy_kv_slots: kv must be [layers, 2, num_blocks, block_size, kv_heads, head_dim]");
+    ModelConfig config;
+    config.num_layers = kv.size(0);
+    config.num_kv_heads = kv.size(4);
+    config.head_dim = kv.size(5);
+    model::KvCache cache(config, kv.size(2), kv.size(3), *backend_);
+    cache.storage().copy_(kv);
+    return step([&](model::StepContext&) {
+      backend_->copy_kv_slots(cache, src_slots, dst_slots);
+      return cache.storage();
+    });
+  }
+
  private:
   // One step as a forward runs it (on the backend's stream), finished before
   // its result is handed back.
@@ -410,6 +428,10 @@ void bind_backend_steps(py::module_& m) {
            "y [m, n] = x [m, k] @ weight [n, k]^T + bias, the weight stored in bf16 or fp32.")
       .def("rms_norm", &BackendSteps::rms_norm, py::arg("x"), py::arg("weight"), py::arg("eps"))
       .def("silu_mul", &BackendSteps::silu_mul, py::arg("gu"))
+      .def("copy_kv_slots", &BackendSteps::copy_kv_slots, py::arg("kv"), py::arg("src_slots"),
+           py::arg("dst_slots"),
+           "The K and V rows of slots src_slots copied to dst_slots (slot = block * block_size + offset) in a "
+           "cache holding kv [layers, 2, num_blocks, block_size, kv_heads, head_dim]: the storage after the copy.")
       .def("attention", &BackendSteps::attention, py::arg("qkv"), py::arg("num_heads"), py::arg("num_kv_heads"),
            py::arg("inv_freq"), py::arg("positions"), py::arg("seq_of_token"), py::arg("block_tables"),
            py::arg("num_blocks"), py::arg("block_size"), py::arg("window") = 0,

@@ -7,6 +7,8 @@
 
 #include <cctype>
 #include <stdexcept>
+#include <string>
+#include <unordered_map>
 
 #include "backend_aten.h"
 
@@ -66,6 +68,27 @@ at::Tensor Backend::gather_rows(const at::Tensor& x, const DeviceBatch& b) const
 
 at::Tensor Backend::to_host(const at::Tensor& logits) const {
   return logits.to(at::kCPU, at::kFloat).contiguous();
+}
+
+void check_kv_slots(const std::vector<int64_t>& src_slots, const std::vector<int64_t>& dst_slots, int64_t num_slots) {
+  auto bad = [](const char* name, size_t i, int64_t slot, const std::string& why) {
+    return std::invalid_argument("copy_kv_slots: " + std::string(name) + "[" + std::to_string(i) +
+                                 "] = " + std::to_string(slot) + why);
+  };
+  if (src_slots.size() != dst_slots.size())
+    throw std::invalid_argument("copy_kv_slots: " + std::to_string(src_slots.size()) + " src_slots but " +
+                                std::to_string(dst_slots.size()) + " dst_slots");
+  const std::string outside = " is outside the cache's slots [0, " + std::to_string(num_slots) + ")";
+  std::unordered_map<int64_t, size_t> first_use;  // dst slot -> its first index
+  first_use.reserve(dst_slots.size());
+  for (size_t i = 0; i < src_slots.size(); ++i) {
+    if (src_slots[i] < 0 || src_slots[i] >= num_slots) throw bad("src_slots", i, src_slots[i], outside);
+    if (dst_slots[i] < 0 || dst_slots[i] >= num_slots) throw bad("dst_slots", i, dst_slots[i], outside);
+    const auto [it, fresh] = first_use.emplace(dst_slots[i], i);
+    if (!fresh)
+      throw bad("dst_slots", i, dst_slots[i],
+                " repeats dst_slots[" + std::to_string(it->second) + "]: two rows cannot be copied to one slot");
+  }
 }
 
 namespace {

@@ -125,7 +125,21 @@ class Backend {
   virtual at::Tensor gather_rows(const at::Tensor& x, const DeviceBatch& b) const;
   /// The logits the runtime reads: fp32 on the host.
   virtual at::Tensor to_host(const at::Tensor& logits) const;
+
+  // ---- between forwards
+  /// K and V rows of every layer from cache slot src_slots[i] to dst_slots[i]
+  /// (slot = block * block_size + offset), as if every row were read before
+  /// any is written (the draft's tree branches and cache hits). The indices
+  /// are checked on the host first: std::invalid_argument naming the first
+  /// bad one (outside the cache, a repeated dst slot), nothing copied. Queued
+  /// on the backend's stream, not waited for.
+  virtual void copy_kv_slots(KvCache& cache, const std::vector<int64_t>& src_slots,
+                             const std::vector<int64_t>& dst_slots) const = 0;
 };
+
+/// copy_kv_slots' host check of its indices against a cache of num_slots
+/// slots: throws std::invalid_argument naming the first bad one.
+void check_kv_slots(const std::vector<int64_t>& src_slots, const std::vector<int64_t>& dst_slots, int64_t num_slots);
 
 /// The backend for a device ("cpu", "cuda", "cuda:N") and a backend name
 /// ("auto": the native one of that device, or "aten"). Throws

@@ -134,6 +134,22 @@ at::Tensor AtenBackend::silu_mul(const at::Tensor& gu) const {
 
 void AtenBackend::add(const at::Tensor& x, const at::Tensor& y) const { x.add_(y); }
 
+// Over a [layers * 2, slots, row] view: index_select copies every source row
+// out before index_copy_ writes any.
+void AtenBackend::copy_kv_slots(KvCache& cache, const std::vector<int64_t>& src_slots,
+                                const std::vector<int64_t>& dst_slots) const {
+  check_kv_slots(src_slots, dst_slots, cache.num_slots());
+  if (src_slots.empty()) return;
+  const auto n = static_cast<int64_t>(src_slots.size());
+  at::Tensor host = at::empty({2, n}, at::TensorOptions().dtype(at::kLong).pinned_memory(!device_.is_cpu()));
+  std::copy(src_slots.begin(), src_slots.end(), host.data_ptr<int64_t>());
+  std::copy(dst_slots.begin(), dst_slots.end(), host.data_ptr<int64_t>() + n);
+  const at::Tensor slots = device_.is_cpu() ? host : host.to(device_, at::kLong, /*non_blocking=*/true);
+  const at::Tensor& storage = cache.storage();
+  const at::Tensor planes = storage.view({storage.size(0) * 2, cache.num_slots(), -1});
+  planes.index_copy_(1, slots[1], planes.index_select(1, slots[0]));
+}
+
 std::unique_ptr<Backend> make_aten_backend(at::Device device) { return std::make_unique<AtenBackend>(device); }
 
 }  // namespace ssd::model

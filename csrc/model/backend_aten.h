@@ -34,6 +34,8 @@ class AtenBackend : public Backend {
                              int64_t window, StepContext& ctx) const override;
   at::Tensor silu_mul(const at::Tensor& gu) const override;
   void add(const at::Tensor& x, const at::Tensor& y) const override;
+  void copy_kv_slots(KvCache& cache, const std::vector<int64_t>& src_slots,
+                     const std::vector<int64_t>& dst_slots) const override;
 
  protected:
   /// Cache slot of every token of the batch, [T] int64, computed on the device.

@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "../kernels/cpu/kv_commit.h"
 #include "../kernels/cpu/linear.h"
 #include "../kernels/cpu/ops.h"
 #include "../kernels/cpu/vec.h"
@@ -133,6 +134,28 @@ class CpuBackend final : public Backend {
     float* xp = x.data_ptr<float>();
     const float* yp = y.data_ptr<float>();
     for (int64_t i = 0, n = x.numel(); i < n; ++i) xp[i] += yp[i];
+  }
+
+  // kv_commit with the cache as its own tree: rows staged where a source is
+  // also an earlier destination.
+  void copy_kv_slots(KvCache& cache, const std::vector<int64_t>& src_slots,
+                     const std::vector<int64_t>& dst_slots) const override {
+    check_kv_slots(src_slots, dst_slots, cache.num_slots());
+    kernels::KvCommitParams p;
+    p.cache = cache.storage().data_ptr();
+    p.cache_rows = cache.rows();
+    p.tree = p.cache;
+    p.tree_rows = p.cache_rows;
+    p.num_layers = cache.storage().size(0);
+    p.row_bytes = p.cache_rows.slot_stride;
+    p.src_slots = src_slots.data();
+    p.dst_slots = dst_slots.data();
+    p.n = static_cast<int64_t>(src_slots.size());
+    p.tree_in_cache = true;
+    p.tree_slot_offset = 0;
+    const kernels::KvCommitStatus status = kernels::kv_commit(p);
+    if (status.error != kernels::KvCommitError::kNone)  // the indices were checked above
+      throw std::logic_error("copy_kv_slots: " + kernels::describe(status));
   }
 
  private:

@@ -1,7 +1,8 @@
 // The cuda backend: the aten backend's elementwise steps over the whole batch,
 // and own kernels where the reduction order decides batch invariance
 // (kernels/cuda: linear, rms_norm, paged_attention) or where one kernel
-// replaces a dozen small launches (rope_kv_write). Weights and the KV cache
+// replaces a dozen small launches (rope_kv_write); the draft's KV copies
+// between slots run kv_commit's kernel. Weights and the KV cache
 // live on the device; each model runs on its own stream; a forward crosses to
 // the host only for its index arrays (one copy in) and its logit rows (one
 // copy out).
@@ -17,9 +18,12 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
+#include "../kernels/cuda/kv_commit.h"
 #include "../kernels/cuda/linear.h"
 #include "../kernels/cuda/paged_attention.h"
 #include "../kernels/cuda/rms_norm.h"
@@ -184,6 +188,40 @@ class CudaBackend final : public AtenBackend {
     p.window = window;
     check_launch(kernels::cuda::paged_attention(p, stream()), "paged_attention");
     return out;
+  }
+
+  // The kv_commit kernel on the model's stream, the cache as its own tree
+  // (every source row staged before any is written). The indices are checked
+  // here, so the kernel's status is never read back: no sync.
+  void copy_kv_slots(KvCache& cache, const std::vector<int64_t>& src_slots,
+                     const std::vector<int64_t>& dst_slots) const override {
+    check_kv_slots(src_slots, dst_slots, cache.num_slots());
+    if (src_slots.empty()) return;
+    const auto scope = forward_scope();  // device, stream, and the order with the caller's stream
+    const auto n = static_cast<int64_t>(src_slots.size());
+    at::Tensor host = at::empty({2, n}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+    std::copy(src_slots.begin(), src_slots.end(), host.data_ptr<int64_t>());
+    std::copy(dst_slots.begin(), dst_slots.end(), host.data_ptr<int64_t>() + n);
+    const at::Tensor slots = host.to(device_, at::kLong, /*non_blocking=*/true);
+    const at::Tensor& storage = cache.storage();
+    const kernels::KvRows rows = cache.rows();
+    const at::Tensor staging = at::empty({storage.size(0), 2, n, storage.size(4) * storage.size(5)}, storage.options());
+    const at::Tensor status = at::empty({4}, storage.options().dtype(at::kLong));
+    kernels::cuda::KvCommitParams p;
+    p.copy.cache = storage.data_ptr();
+    p.copy.cache_rows = rows;
+    p.copy.tree = p.copy.cache;
+    p.copy.tree_rows = rows;
+    p.copy.num_layers = storage.size(0);
+    p.copy.row_bytes = rows.slot_stride;
+    p.copy.src_slots = slots.data_ptr<int64_t>();
+    p.copy.dst_slots = slots.data_ptr<int64_t>() + n;
+    p.copy.n = n;
+    p.copy.tree_in_cache = true;
+    p.copy.tree_slot_offset = 0;
+    p.staging = staging.data_ptr();
+    p.status = status.data_ptr<int64_t>();
+    check_launch(kernels::cuda::kv_commit(p, stream()), "copy_kv_slots");
   }
 
  private:

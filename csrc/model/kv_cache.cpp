@@ -8,7 +8,8 @@
 namespace ssd::model {
 
 KvCache::KvCache(const ModelConfig& config, int64_t num_blocks, int64_t block_size, const Backend& backend)
-    : num_blocks_(num_blocks),
+    : backend_(&backend),
+      num_blocks_(num_blocks),
       block_size_(block_size),
       num_kv_heads_(config.num_kv_heads),
       head_dim_(config.head_dim) {
@@ -44,6 +45,15 @@ kernels::PagedKv KvCache::layer(int64_t index) {
   const int64_t per_kind = num_blocks_ * block_size_ * num_kv_heads_ * head_dim_;
   float* base = storage_.data_ptr<float>() + index * 2 * per_kind;
   return kernels::PagedKv{base, base + per_kind, block_size_, num_kv_heads_, head_dim_};
+}
+
+kernels::KvRows KvCache::rows() const {
+  kernels::KvRows rows;
+  rows.slot_stride = num_kv_heads_ * head_dim_ * static_cast<int64_t>(sizeof(float));
+  rows.kind_stride = num_slots() * rows.slot_stride;
+  rows.layer_stride = 2 * rows.kind_stride;
+  rows.num_slots = num_slots();
+  return rows;
 }
 
 }  // namespace ssd::model

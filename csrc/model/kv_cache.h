@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "../kernels/cpu/kv_commit.h"
 #include "../kernels/cpu/ops.h"
 #include "ssd/config.h"
 
@@ -23,12 +24,14 @@ class KvCache {
  public:
   /// num_blocks blocks of block_size zeroed fp32 slots for every layer, on
   /// the backend's device (the cpu backend reserves them: pages become
-  /// resident as blocks are first written).
+  /// resident as blocks are first written). The backend must outlive the cache.
   KvCache(const ModelConfig& config, int64_t num_blocks, int64_t block_size, const Backend& backend);
 
   int64_t block_size() const { return block_size_; }
   int64_t num_blocks() const { return num_blocks_; }
   int64_t num_free_blocks() const { return static_cast<int64_t>(free_.size()); }
+  /// Slots of every layer's K (and V) plane: num_blocks * block_size.
+  int64_t num_slots() const { return num_blocks_ * block_size_; }
   /// Blocks needed to hold num_tokens positions.
   int64_t blocks_for(int64_t num_tokens) const { return (num_tokens + block_size_ - 1) / block_size_; }
 
@@ -42,8 +45,13 @@ class KvCache {
   kernels::PagedKv layer(int64_t index);
   /// [layers, 2, num_blocks, block_size, kv_heads, head_dim], shared with the cache.
   const at::Tensor& storage() const { return storage_; }
+  /// The storage as kv_commit's [layers, 2, slots, row] byte strides.
+  kernels::KvRows rows() const;
+  /// The backend the storage lives on (it runs the cache's KV copies).
+  const Backend& backend() const { return *backend_; }
 
  private:
+  const Backend* backend_;
   int64_t num_blocks_;
   int64_t block_size_;
   int64_t num_kv_heads_;

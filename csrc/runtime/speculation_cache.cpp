@@ -1,11 +1,8 @@
 #include "speculation_cache.h"
 
 #include <algorithm>
-#include <stdexcept>
 
-#include "../kernels/cpu/kv_commit.h"
-
-#include <ATen/core/Tensor.h>
+#include "../model/backend.h"
 
 namespace ssd::runtime {
 
@@ -33,34 +30,13 @@ void copy_kv_slots(model::KvCache& kv, const model::BlockTable& from, const mode
   if (end <= begin) return;
   const int64_t bs = kv.block_size();
   std::vector<int64_t> src, dst;
+  src.reserve(static_cast<size_t>(end - begin));
+  dst.reserve(static_cast<size_t>(end - begin));
   for (int64_t pos = begin; pos < end; ++pos) {
     src.push_back(static_cast<int64_t>(from.blocks[pos / bs]) * bs + pos % bs);
     dst.push_back(static_cast<int64_t>(to.blocks[pos / bs]) * bs + pos % bs);
   }
-  // Both tables live in the same storage, so the commit kernel's "tree" is the cache itself.
-  const at::Tensor& storage = kv.storage();  // [layers, 2, blocks, bs, heads, dim]
-  const int64_t row = storage.size(4) * storage.size(5);
-  const int64_t slots = storage.size(2) * bs;
-  kernels::KvRows rows;
-  rows.slot_stride = row * static_cast<int64_t>(sizeof(float));
-  rows.kind_stride = slots * rows.slot_stride;
-  rows.layer_stride = 2 * rows.kind_stride;
-  rows.num_slots = slots;
-  kernels::KvCommitParams p;
-  p.cache = storage.data_ptr();
-  p.cache_rows = rows;
-  p.tree = storage.data_ptr();
-  p.tree_rows = rows;
-  p.num_layers = storage.size(0);
-  p.row_bytes = rows.slot_stride;
-  p.src_slots = src.data();
-  p.dst_slots = dst.data();
-  p.n = static_cast<int64_t>(src.size());
-  p.tree_in_cache = true;
-  p.tree_slot_offset = 0;
-  const kernels::KvCommitStatus status = kernels::kv_commit(p);
-  if (status.error != kernels::KvCommitError::kNone)
-    throw std::logic_error("draft KV copy: " + kernels::describe(status));
+  kv.backend().copy_kv_slots(kv, src, dst);
 }
 
 DraftSequence& SpeculationCache::start(SpecMessage& m) {

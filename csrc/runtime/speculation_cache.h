@@ -68,7 +68,8 @@ struct DraftSequence {
   Speculation answer(SpecSource from, std::vector<float> q, bool one_hot) const;
 };
 
-/// Copies the KV of positions [begin, end) from one block table's slots to another's.
+/// Copies the KV of positions [begin, end) from one block table's slots to
+/// another's, on the cache's backend (queued on its device, not waited for).
 void copy_kv_slots(model::KvCache& kv, const model::BlockTable& from, const model::BlockTable& to, int64_t begin,
                    int64_t end);
 
