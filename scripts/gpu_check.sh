@@ -5,14 +5,18 @@
 # files, no gguf package). Each step runs under `timeout` with its budget:
 #
 #   step        budget  what
-#   build        210 s  pip install --no-deps --no-build-isolation . (SSD_CUDA=on, sm_90 only)
-#   tests        110 s  pytest -m cuda: every backend op and torch.ops.ssd op against the
-#                       CPU oracle, the CUDA forward's batch invariance and parity, greedy
-#                       sd = ar on CUDA (draft on the GPU and on the CPU), sd's output law
-#   memcheck      40 s  compute-sanitizer memcheck over the op tests' small shapes
-#   racecheck     40 s  compute-sanitizer racecheck over the same
-#   bench         80 s  python -m ssd.bench gpu: 8B-shaped bf16 target, 1B-shaped draft,
-#                       generated on the device; ar tok/s against the bandwidth bound
+#   build        190 s  pip install --no-deps --no-build-isolation . (SSD_CUDA=on, sm_90 only)
+#   tests         85 s  pytest -m cuda, the law tests aside: every backend op and torch.ops.ssd op
+#                       against the CPU oracle, the CUDA forward's batch invariance and parity; greedy
+#                       sd and ssd = ar and seeded Gumbel sd and ssd = ar with the draft on the target's
+#                       GPU, on the CPU beside it and on its own GPU (skipped on one GPU); the round's
+#                       device-to-host bytes
+#   laws          55 s  pytest -m cuda -k law: the vocabulary-4 output laws of sd and ssd on CUDA under
+#                       both couplings
+#   memcheck      35 s  compute-sanitizer memcheck over the op tests' small shapes and a short ssd run
+#   racecheck     35 s  racecheck over the same
+#   bench         80 s  python -m ssd.bench gpu: 8B-shaped bf16 target (ar against the bandwidth bound);
+#                       ar, sd and ssd at batch 1 and 4 on the constructed 8B/1B pair
 #   total        480 s
 #
 # Logs, per-step results and the benchmark's JSON go under $OUT (default
@@ -67,27 +71,35 @@ TEST_DIRS=(tests/kernels tests/model tests/runtime)
 NOT_THERE="not smollm2"
 # The op tests' small shapes: the sanitizers slow every kernel 10-100x.
 SMALL="not smollm2 and not 151936 and not 5000 and not law_batches and not opcheck and not top_p_cut and not 256]"
+# Under the sanitizers: those shapes, and one short ssd run on the GPU (test_device_round.py).
+SANITIZED="($SMALL and not device_round) or short_ssd_run"
+SANITIZED_FILES=(tests/kernels tests/model/test_backend_steps.py tests/runtime/test_device_round.py)
 
 if [ $CPU -eq 1 ]; then
   # install.sh built the extension in build/py-<python>-torch<version>: this is the same
   # command, so the same folder, incremental.
-  step build 210 "$PY" -m pip install -q --no-deps --no-build-isolation .
-  step tests 110 bash -c "'$PY' -m pytest -q -p no:cacheprovider tests/model/test_backend_steps.py \
-      tests/runtime/test_placement.py && '$PY' -m pytest -q -p no:cacheprovider --collect-only -m cuda \
-      -k '$NOT_THERE' ${TEST_DIRS[*]} | tail -n 1 && '$PY' -m pytest -q -p no:cacheprovider --collect-only \
-      -m cuda -k '$SMALL' tests/kernels tests/model/test_backend_steps.py | tail -n 1"
+  step build 190 "$PY" -m pip install -q --no-deps --no-build-isolation .
+  step tests 85 bash -c "'$PY' -m pytest -q -p no:cacheprovider tests/model/test_backend_steps.py \
+      tests/runtime/test_placement.py 'tests/runtime/test_device_round.py::test_greedy_equals_ar' && \
+      '$PY' -m pytest -q -p no:cacheprovider --collect-only -m cuda -k '$NOT_THERE and not law' \
+      ${TEST_DIRS[*]} | tail -n 1 && '$PY' -m pytest -q -p no:cacheprovider --collect-only \
+      -m cuda -k '$SANITIZED' ${SANITIZED_FILES[*]} | tail -n 1"
+  step laws 55 bash -c "'$PY' -m pytest -q -p no:cacheprovider --collect-only -m cuda -k '$NOT_THERE and law' \
+      ${TEST_DIRS[*]} | tail -n 1"
   skip memcheck "--cpu: compute-sanitizer needs a GPU"
   skip racecheck "--cpu: compute-sanitizer needs a GPU"
   step bench 80 "$PY" -m ssd.bench gpu --device cpu --shapes tiny --max-tokens 24 --repeats 2 --json "$OUT/bench_gpu.json"
 else
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/nvidia-smi.csv" 2>&1
-  step build 210 env SSD_CUDA=on SSD_CUDA_ARCHS=90 SSD_BUILD_DIR=build/gpu "$PY" -m pip install -v --no-deps \
+  step build 190 env SSD_CUDA=on SSD_CUDA_ARCHS=90 SSD_BUILD_DIR=build/gpu "$PY" -m pip install -v --no-deps \
       --no-build-isolation .
-  step tests 110 "$PY" -m pytest -q -p no:cacheprovider -m cuda -k "$NOT_THERE" "${TEST_DIRS[@]}" \
+  step tests 85 "$PY" -m pytest -q -p no:cacheprovider -m cuda -k "$NOT_THERE and not law" "${TEST_DIRS[@]}" \
       --junitxml="$OUT/tests.xml"
+  step laws 55 "$PY" -m pytest -q -p no:cacheprovider -m cuda -k "$NOT_THERE and law" "${TEST_DIRS[@]}" \
+      --junitxml="$OUT/laws.xml"
   for tool in memcheck racecheck; do
-    step "$tool" 40 compute-sanitizer --tool "$tool" --error-exitcode 1 --target-processes all \
-        "$PY" -m pytest -q -p no:cacheprovider -x -m cuda -k "$SMALL" tests/kernels tests/model/test_backend_steps.py
+    step "$tool" 35 compute-sanitizer --tool "$tool" --error-exitcode 1 --target-processes all \
+        "$PY" -m pytest -q -p no:cacheprovider -x -m cuda -k "$SANITIZED" "${SANITIZED_FILES[@]}"
   done
   step bench 80 "$PY" -m ssd.bench gpu --device cuda --shapes llama --json "$OUT/bench_gpu.json"
 fi

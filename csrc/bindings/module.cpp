@@ -99,6 +99,7 @@ EngineConfig engine_config_from(const py::dict& d) {
   get(d, "coupling", c.coupling);
   get(d, "draft_matmul_min_rows", c.draft_matmul_min_rows);
   get(d, "batch_invariant", c.batch_invariant);
+  get(d, "backend", c.backend);
   get(d, "adaptive", c.adaptive);
   c.validate();
   return c;
@@ -170,6 +171,7 @@ void add_speed(py::dict& d, const SpeedMetrics& m) {
   d["mean_batch"] = m.mean_batch;
   d["predicted_speedup"] = m.predicted_speedup;
   d["target_busy_fraction"] = m.target_busy_fraction;
+  d["round_host_bytes_per_step"] = m.round_host_bytes_per_step;
 }
 
 py::dict metrics_dict(const RequestMetrics& m) {

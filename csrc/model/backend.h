@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../kernels/cpu/thread_pool.h"
@@ -66,6 +67,21 @@ struct StepContext {
   int64_t matmul_min_rows = 0;
 };
 
+/// One verify step's inputs (kernels/cpu/verify.h), tensors on the backend's
+/// device (B rows, K proposal slots, V vocab).
+struct VerifyBatch {
+  at::Tensor target_logits;    ///< [B, K + 1, V] f32, contiguous
+  at::Tensor proposals;        ///< [B, K] i64
+  at::Tensor num_proposals;    ///< [B] i64, each in 0..K
+  at::Tensor q_probs;          ///< [B, K, V] f32; undefined when no row reads it (one-hot or greedy)
+  at::Tensor one_hot;          ///< [B] bool
+  at::Tensor temperature;      ///< [B] f64
+  at::Tensor top_k;            ///< [B] i64
+  at::Tensor top_p;            ///< [B] f64
+  at::Tensor accept_uniforms;  ///< [B, K] f64
+  at::Tensor bonus_uniforms;   ///< [B] f64
+};
+
 /// Options of a backend, fixed at model construction.
 struct BackendOptions {
   /// false: the fastest stock matrix products (cuBLAS), whose reduction order
@@ -91,10 +107,20 @@ class Backend {
   /// A zeroed fp32 KV store of `sizes` on the device.
   virtual at::Tensor kv_storage(const std::vector<int64_t>& sizes) const;
 
+  /// Ends construction: the weights (and any cache made so far) are written
+  /// before the model's own stream first reads them (the cuda backend waits
+  /// for the constructing thread's stream once).
+  virtual void finish_loading() const {}
+
   // ---- one forward
   /// Held for the whole forward (the cuda backend: its device and stream,
   /// ordered after the caller's stream on entry and before it on exit).
   virtual std::shared_ptr<void> forward_scope() const { return nullptr; }
+  /// Held by a thread that drives this model for its whole life (the engine's
+  /// loop, the ssd draft worker): the model's stream becomes the thread's
+  /// current stream, so its forwards and rounds never join the legacy default
+  /// stream or another model's stream. Null where there are no streams.
+  virtual std::shared_ptr<void> thread_scope() const { return nullptr; }
   /// Waits for the backend's queued work (tests of single steps).
   virtual void synchronize() const {}
   virtual DeviceBatch upload(const ForwardInput& in) const;
@@ -125,6 +151,22 @@ class Backend {
   virtual at::Tensor gather_rows(const at::Tensor& x, const DeviceBatch& b) const;
   /// The logits the runtime reads: fp32 on the host.
   virtual at::Tensor to_host(const at::Tensor& logits) const;
+
+  // ---- a round's sampling steps (runtime/target_round.h): device tensors in
+  //      and out, the kernels of kernels/cpu on CPU tensors and their twins in
+  //      kernels/cuda on the cuda backend, queued on the model's stream.
+  /// Lossless verification of each row's proposals -> accepted, bonus [B] i64.
+  virtual std::pair<at::Tensor, at::Tensor> verify(const VerifyBatch& v) const;
+  /// probs [N, V] f32: the processed distribution of each row of logits
+  /// [N, V] (temperature, top-k, top-p; kernels::process_logits), through
+  /// saguaro_sample with no downweighted set. temperature, top_p [N] f64,
+  /// top_k [N] i64.
+  virtual at::Tensor process_logits(const at::Tensor& logits, const at::Tensor& temperature,
+                                    const at::Tensor& top_k, const at::Tensor& top_p) const;
+  /// tokens [N] i64: the Gumbel-max draw of each row of probs [N, V] keyed by
+  /// seeds [N] (a u64's bits in i64) and positions [N] i64.
+  virtual at::Tensor gumbel_sample(const at::Tensor& probs, const at::Tensor& seeds,
+                                   const at::Tensor& positions) const;
 
   // ---- between forwards
   /// K and V rows of every layer from cache slot src_slots[i] to dst_slots[i]

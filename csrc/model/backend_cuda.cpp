@@ -23,11 +23,14 @@
 #include <string>
 #include <vector>
 
+#include "../kernels/cuda/gumbel_sample.h"
 #include "../kernels/cuda/kv_commit.h"
 #include "../kernels/cuda/linear.h"
 #include "../kernels/cuda/paged_attention.h"
 #include "../kernels/cuda/rms_norm.h"
 #include "../kernels/cuda/rope_kv_write.h"
+#include "../kernels/cuda/saguaro_sample.h"
+#include "../kernels/cuda/verify.h"
 #include "backend_aten.h"
 #include "kv_cache.h"
 
@@ -87,6 +90,93 @@ class CudaBackend final : public AtenBackend {
   }
 
   void synchronize() const override { stream_.synchronize(); }
+
+  // The weights were written on the constructing thread's stream: the
+  // model's stream waits for them once (an event, no host wait).
+  void finish_loading() const override {
+    c10::cuda::CUDAGuard guard(device_);
+    at::cuda::CUDAEvent loaded;
+    loaded.record(c10::cuda::getCurrentCUDAStream(device_.index()));
+    loaded.block(stream_);
+  }
+
+  std::shared_ptr<void> thread_scope() const override {
+    return std::make_shared<c10::cuda::CUDAStreamGuard>(stream_);
+  }
+
+  // Zeroed on the model's stream, so its first forward is ordered after the memset.
+  at::Tensor kv_storage(const std::vector<int64_t>& sizes) const override {
+    c10::cuda::CUDAStreamGuard guard(stream_);
+    return at::zeros(sizes, at::TensorOptions().dtype(at::kFloat).device(device_));
+  }
+
+  // ---- the round's steps: the kernels/cuda twins, on the model's stream.
+  std::pair<at::Tensor, at::Tensor> verify(const VerifyBatch& v) const override {
+    c10::cuda::CUDAGuard guard(device_);
+    const int64_t batch = v.target_logits.size(0), k = v.proposals.size(1);
+    at::Tensor accepted = at::empty({batch}, v.proposals.options());
+    at::Tensor bonus = at::empty({batch}, v.proposals.options());
+    const at::Tensor workspace = at::empty({static_cast<int64_t>(kernels::cuda::verify_workspace_bytes(batch, k))},
+                                           v.proposals.options().dtype(at::kByte));
+    kernels::VerifyParams p;
+    p.target_logits = v.target_logits.data_ptr<float>();
+    p.proposals = v.proposals.data_ptr<int64_t>();
+    p.num_proposals = v.num_proposals.data_ptr<int64_t>();
+    p.q_probs = v.q_probs.defined() ? v.q_probs.data_ptr<float>() : nullptr;
+    p.one_hot = v.one_hot.data_ptr<bool>();
+    p.temperature = v.temperature.data_ptr<double>();
+    p.top_k = v.top_k.data_ptr<int64_t>();
+    p.top_p = v.top_p.data_ptr<double>();
+    p.accept_uniforms = v.accept_uniforms.data_ptr<double>();
+    p.bonus_uniforms = v.bonus_uniforms.data_ptr<double>();
+    p.accepted = accepted.data_ptr<int64_t>();
+    p.bonus = bonus.data_ptr<int64_t>();
+    p.batch = batch;
+    p.k = k;
+    p.vocab = v.target_logits.size(2);
+    check_launch(kernels::cuda::verify(p, workspace.data_ptr(), stream()), "verify");
+    return {accepted, bonus};
+  }
+
+  at::Tensor process_logits(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k,
+                            const at::Tensor& top_p) const override {
+    c10::cuda::CUDAGuard guard(device_);
+    const at::Tensor x = logits.contiguous();
+    const int64_t rows = x.size(0);
+    at::Tensor probs = at::empty_like(x);
+    at::Tensor tokens = at::empty({rows}, top_k.options());
+    const at::Tensor fanout = at::zeros({rows}, top_k.options());
+    const at::Tensor ones = at::ones({rows}, temperature.options()), zeros = at::zeros({rows}, temperature.options());
+    kernels::SaguaroSampleParams p;
+    p.logits = x.data_ptr<float>();
+    p.rows = rows;
+    p.vocab = x.size(1);
+    p.temperature = temperature.data_ptr<double>();
+    p.top_k = top_k.data_ptr<int64_t>();
+    p.top_p = top_p.data_ptr<double>();
+    p.fanout = fanout.data_ptr<int64_t>();
+    p.downweight = ones.data_ptr<double>();
+    p.uniforms = zeros.data_ptr<double>();
+    p.probs = probs.data_ptr<float>();
+    p.tokens = tokens.data_ptr<int64_t>();
+    check_launch(kernels::cuda::saguaro_sample(p, stream()), "process_logits");
+    return probs;
+  }
+
+  at::Tensor gumbel_sample(const at::Tensor& probs, const at::Tensor& seeds, const at::Tensor& positions) const override {
+    c10::cuda::CUDAGuard guard(device_);
+    const at::Tensor x = probs.contiguous();
+    at::Tensor tokens = at::empty({x.size(0)}, positions.options());
+    kernels::GumbelSampleParams p;
+    p.probs = x.data_ptr<float>();
+    p.seeds = reinterpret_cast<const uint64_t*>(seeds.data_ptr<int64_t>());
+    p.positions = positions.data_ptr<int64_t>();
+    p.tokens = tokens.data_ptr<int64_t>();
+    p.rows = x.size(0);
+    p.vocab = x.size(1);
+    check_launch(kernels::cuda::gumbel_sample(p, stream()), "gumbel_sample");
+    return tokens;
+  }
 
   void rms_norm(const at::Tensor& x, const at::Tensor& w, float eps, const at::Tensor& out,
                 StepContext&) const override {

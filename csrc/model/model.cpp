@@ -103,6 +103,7 @@ Model::Model(const ModelConfig& config, const WeightMap& w, const ModelPlacement
   }
   const std::vector<float> inv = rope_inv_freq(c);
   inv_freq_ = be.vector(at::tensor(inv, at::kFloat));
+  be.finish_loading();
 }
 
 // The kernels (and ATen's indexing on a GPU) trust the index arrays; a bad
@@ -165,11 +166,16 @@ void Model::mlp_block(const Layer& l, const at::Tensor& x, StepContext& ctx) con
 }
 
 at::Tensor Model::forward(const ForwardInput& in, KvCache& cache, kernels::ThreadPool& pool) const {
+  return backend_->to_host(forward_device(in, cache, pool));
+}
+
+at::Tensor Model::forward_device(const ForwardInput& in, KvCache& cache, kernels::ThreadPool& pool) const {
   const auto& c = config_;
   const Backend& be = *backend_;
   check(in, cache);
   const auto rows = static_cast<int64_t>(in.logit_rows.size());
-  if (in.tokens.empty()) return at::empty({rows, c.vocab_size}, at::kFloat);
+  if (in.tokens.empty())
+    return at::empty({rows, c.vocab_size}, at::TensorOptions().dtype(at::kFloat).device(be.device()));
   const auto scope = be.forward_scope();
   StepContext ctx{pool, in.matmul_min_rows};
   const DeviceBatch b = be.upload(in);
@@ -180,7 +186,7 @@ at::Tensor Model::forward(const ForwardInput& in, KvCache& cache, kernels::Threa
   }
   const at::Tensor last = be.gather_rows(x, b);
   be.rms_norm(last, final_norm_, static_cast<float>(c.rms_norm_eps), last, ctx);
-  return be.to_host(be.linear(last, lm_head_, at::Tensor(), ctx));
+  return be.linear(last, lm_head_, at::Tensor(), ctx);
 }
 
 }  // namespace ssd::model

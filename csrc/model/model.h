@@ -47,6 +47,9 @@ class Model {
   /// backend); returns logits [rows, vocab] fp32 on the host for
   /// input.logit_rows. `pool` runs the cpu backend's kernels.
   at::Tensor forward(const ForwardInput& input, KvCache& cache, kernels::ThreadPool& pool) const;
+  /// The same forward, its logits [rows, vocab] fp32 left on the backend's
+  /// device (queued on the model's stream): the engine's round reads them there.
+  at::Tensor forward_device(const ForwardInput& input, KvCache& cache, kernels::ThreadPool& pool) const;
 
  private:
   struct Layer {

@@ -168,6 +168,8 @@ void EngineConfig::validate() const {
                                      std::to_string(draft_matmul_min_rows));
   if (fallback != "auto" && fallback != "neural" && fallback != "fast")
     bad("fallback", "must be 'auto', 'neural' or 'fast', got '" + fallback + "'");
+  if (backend != "auto" && backend != "aten")
+    bad("backend", "must be 'auto' or 'aten', got '" + backend + "'");
   if (coupling != "rejection" && coupling != "gumbel")
     bad("coupling", "must be 'rejection' or 'gumbel', got '" + coupling + "'");
 }

@@ -1,9 +1,10 @@
 // The engine: the public API (enqueue, await, cancel, shutdown, stats) and
 // one loop on its own thread, the same for every mode:
 //   schedule -> (speculator proposes) -> one target forward -> postprocess
-// where postprocess samples the target's token after a prefill, or verifies
-// a speculative chunk's proposals (verification.h) and tells the speculator
-// the outcome. Mode-specific state lives in the Speculator (speculator.h).
+// where postprocess draws the target's token after a prefill, or verifies a
+// speculative chunk's proposals, on the target's device (target_round.h), and
+// tells the speculator the outcome. Mode-specific state lives in the
+// Speculator (speculator.h).
 #include "ssd/engine.h"
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 #include "adaptive_policy.h"
 #include "scheduler.h"
 #include "speculator.h"
+#include "target_round.h"
 #include "verification.h"
 
 namespace ssd {
@@ -50,6 +52,7 @@ class Engine::Impl {
     SSD_LOG_INFO("engine: mode " << config_.mode << ", max_model_len " << config_.max_model_len << ", KV cache "
                                  << config_.kv_capacity_tokens << " tokens");
     vocab_ = model_->config().vocab_size;
+    round_ = std::make_unique<runtime::TargetRound>(model_->backend(), vocab_, testing_, coupling_);
     cache_ = std::make_unique<model::KvCache>(model_->config(), config_.num_kv_blocks(), config_.kv_block_size,
                                             model_->backend());
     speculator_ = runtime::make_speculator(config_, testing_, std::move(draft));
@@ -155,11 +158,14 @@ class Engine::Impl {
     return seq;
   }
 
-  // A model is built for one device; the config must name that device.
-  static void check_placement(const char* field, const model::Model& m, const std::string& device) {
+  // A model is built for one device and backend; the config must name them.
+  void check_placement(const char* field, const model::Model& m, const std::string& device) const {
     if (m.device() != model::canonical_device(device))
       throw std::invalid_argument(std::string(field) + ": the model was built for '" + m.device() + "', not '" +
                                   device + "'");
+    if (config_.backend == "aten" && m.backend().name() != "aten")
+      throw std::invalid_argument(std::string("backend: 'aten', but the model of ") + field + " was built for the '" +
+                                  m.backend().name() + "' backend");
   }
 
   void check_draft(const model::Model* draft) const {
@@ -176,6 +182,8 @@ class Engine::Impl {
   }
 
   void loop() {
+    // The target's forwards and rounds run on its own stream.
+    const std::shared_ptr<void> stream = model_->backend().thread_scope();
     for (;;) {
       std::vector<std::unique_ptr<Sequence>> incoming;
       std::vector<RequestId> cancels;
@@ -262,7 +270,7 @@ class Engine::Impl {
     const auto t0 = Clock::now();
     at::Tensor logits;
     try {
-      logits = model_->forward(input, *cache_, *pool_);
+      logits = model_->forward_device(input, *cache_, *pool_);
     } catch (const std::exception& e) {
       for (const auto& c : plan.chunks)
         finish(c.seq, FinishReason::kError, std::string("forward failed: ") + e.what(), responses);
@@ -293,6 +301,7 @@ class Engine::Impl {
       c.verify_seconds += forward_s;
     }
     c.target_wait_seconds += speculator_ ? speculator_->wait_seconds() : 0.0;
+    c.round_host_bytes = round_->host_bytes();
     c.active_seconds += seconds_since(t_step);
     policy_.stats(stats_);
     stats_.engine.peak_batch = std::max<int64_t>(stats_.engine.peak_batch, static_cast<int64_t>(plan.chunks.size()));
@@ -309,46 +318,64 @@ class Engine::Impl {
     g.kv_blocks_free = cache_->num_free_blocks();
   }
 
-  // Samples or verifies every chunk's rows; returns the tokens emitted.
+  // Draws or verifies every chunk's rows on the target's device, then
+  // applies the outcomes in chunk order; returns the tokens emitted.
   int64_t postprocess(const std::vector<ScheduledChunk>& chunks, const std::vector<Proposal>& proposals,
                       const at::Tensor& logits, double forward_s, std::vector<Response>& responses) {
-    const float* rows = logits.data_ptr<float>();
+    std::vector<runtime::RoundItem> items;
+    std::vector<int64_t> item_of(chunks.size(), -1);
+    int64_t row = 0;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      if (!chunks[i].speculative && !chunks[i].wants_logits) continue;
+      item_of[i] = static_cast<int64_t>(items.size());
+      const Proposal* proposal = chunks[i].speculative ? &proposals[i] : nullptr;
+      items.push_back({chunks[i].seq, proposal, row});
+      row += 1 + (proposal ? static_cast<int64_t>(proposal->tokens.size()) : 0);
+    }
+    std::vector<runtime::RoundOutcome> outcomes;
+    try {
+      outcomes = round_->run(logits, items);
+    } catch (const std::exception& e) {
+      for (size_t i = 0; i < chunks.size(); ++i) {
+        if (item_of[i] >= 0)
+          finish(chunks[i].seq, FinishReason::kError, std::string("sampling failed: ") + e.what(), responses);
+        else
+          chunks[i].seq->num_computed += chunks[i].num_tokens;
+      }
+      return 0;
+    }
     int64_t emitted = 0;
     for (size_t i = 0; i < chunks.size(); ++i) {
       Sequence* seq = chunks[i].seq;
       if (chunks[i].speculative) {
-        emitted += run_round(seq, rows, proposals[i], forward_s, responses);
-        rows += (1 + static_cast<int64_t>(proposals[i].tokens.size())) * vocab_;
+        emitted += run_round(seq, proposals[i], outcomes[item_of[i]], forward_s, responses);
         continue;
       }
       seq->num_computed += chunks[i].num_tokens;
-      if (!chunks[i].wants_logits) continue;
-      try {
-        append_token(seq, sampler_.sample(rows, vocab_, seq->params, seq->seed, seq->len()), rows, responses);
-        ++emitted;
-      } catch (const std::exception& e) {
-        finish(seq, FinishReason::kError, std::string("sampling failed: ") + e.what(), responses);
+      if (item_of[i] < 0) continue;
+      runtime::RoundOutcome& o = outcomes[item_of[i]];
+      if (!o.error.empty()) {
+        finish(seq, FinishReason::kError, "sampling failed: " + o.error, responses);
+        continue;
       }
-      rows += vocab_;
+      append_token(seq, o.verdict.bonus, std::move(o.logprobs), responses);
+      ++emitted;
     }
     return emitted;
   }
 
-  // One speculative round of `seq`: verifies its proposals against the
-  // target rows, rolls the KV back to what the sequence keeps, tells the
-  // speculator, and appends the accepted tokens and the bonus. Returns the
-  // tokens emitted.
-  int64_t run_round(Sequence* seq, const float* target_rows, const Proposal& proposal, double forward_s,
+  // One speculative round of `seq` after its verification: rolls the KV back
+  // to what the sequence keeps, tells the speculator, and appends the
+  // accepted tokens and the bonus. Returns the tokens emitted.
+  int64_t run_round(Sequence* seq, const Proposal& proposal, runtime::RoundOutcome& outcome, double forward_s,
                     std::vector<Response>& responses) {
     const int64_t start = seq->len();  // position of the first proposal
     const RequestId id = seq->id;      // seq is gone once it finishes
-    runtime::Verdict verdict;
-    try {
-      verdict = verifier_.verify(target_rows, vocab_, proposal, *seq);
-    } catch (const std::exception& e) {
-      finish(seq, FinishReason::kError, std::string("sampling failed: ") + e.what(), responses);
+    if (!outcome.error.empty()) {
+      finish(seq, FinishReason::kError, "sampling failed: " + outcome.error, responses);
       return 0;
     }
+    const runtime::Verdict verdict = outcome.verdict;
     // The KV of the verified token and the accepted proposals stays.
     seq->num_computed = start + verdict.accepted;
     cache_->truncate(seq->table, seq->num_computed);
@@ -360,8 +387,9 @@ class Engine::Impl {
     for (int64_t i = 0; i <= verdict.accepted && !finished; ++i) {
       const auto token = static_cast<int32_t>(i < verdict.accepted ? proposal.tokens[i] : verdict.bonus);
       ++emitted;
-      // Target row i is the distribution at position start + i.
-      finished = append_token(seq, token, target_rows + i * vocab_, responses);
+      std::vector<TokenLogprobs> logprobs;
+      if (i < static_cast<int64_t>(outcome.logprobs.size())) logprobs.push_back(std::move(outcome.logprobs[i]));
+      finished = append_token(seq, token, std::move(logprobs), responses);
     }
     add_round_counters(finished ? nullptr : seq, id,
                        runtime::round_counters(proposal, verdict.accepted, emitted, finished), responses);
@@ -383,11 +411,10 @@ class Engine::Impl {
     stats_.spec += d;
   }
 
-  // Appends a token (drawn from the target's logits `row`) and applies the
-  // stop rules; true when the request finished.
-  bool append_token(Sequence* seq, int32_t token, const float* row, std::vector<Response>& responses) {
-    std::vector<TokenLogprobs> logprobs;
-    if (seq->params.logprobs >= 0) logprobs.push_back(logprobs_.report(row, vocab_, seq->params, token));
+  // Appends a token (with its log-probabilities when the request asked) and
+  // applies the stop rules; true when the request finished.
+  bool append_token(Sequence* seq, int32_t token, std::vector<TokenLogprobs> logprobs,
+                    std::vector<Response>& responses) {
     seq->tokens.push_back(token);
     if (seq->generated() == 1) seq->metrics.time_to_first_token = seconds_since(seq->enqueued);
     const auto& p = seq->params;
@@ -446,9 +473,7 @@ class Engine::Impl {
   std::unique_ptr<kernels::ThreadPool> pool_;
   runtime::AdaptivePolicy policy_{config_, testing_};
   runtime::Coupling coupling_ = runtime::Coupling::of(config_, testing_);
-  runtime::TokenSampler sampler_{coupling_};
-  runtime::LogprobReporter logprobs_;
-  runtime::Verifier verifier_{testing_, coupling_};
+  std::unique_ptr<runtime::TargetRound> round_;  // engine thread only
   std::random_device seed_source_;
   std::map<RequestId, std::unique_ptr<Sequence>> live_;  // engine thread only
 

@@ -71,6 +71,7 @@ SpeedMetrics speed_metrics(const EngineStats& s) {
     m.predicted_speedup = predict_round(model).speedup;
   }
   m.target_busy_fraction = ratio(s.steps.forward_seconds, s.steps.active_seconds);
+  m.round_host_bytes_per_step = ratio(static_cast<double>(s.steps.round_host_bytes), static_cast<double>(s.steps.steps));
   return m;
 }
 

@@ -145,6 +145,8 @@ void SsdDraftWorker::stats(DraftCounters& counters, DraftGauges& gauges) const {
 }
 
 void SsdDraftWorker::loop() {
+  // The draft's forwards run on its own stream, never joining the target's.
+  const std::shared_ptr<void> stream = model_->backend().thread_scope();
   std::string ended = "stopped";
   for (;;) {
     std::vector<SpecMessage> messages;

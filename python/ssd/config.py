@@ -84,7 +84,11 @@ class EngineConfig:
     bitwise independent of the batch on CUDA too, which is what makes greedy
     sd token-identical to ar; False lets the CUDA backend use stock cuBLAS
     products (on bf16 activations for bf16 weights), faster and not
-    token-identical. The CPU is always invariant.
+    token-identical. The CPU is always invariant. backend: "auto" (each
+    device's own kernels) or "aten" (the reference backend over ATen ops;
+    on the CPU it stands in for a device: the target's logits stay in
+    tensors and every round runs the device path, which is how that path is
+    tested without a GPU).
 
     adaptive (sd and ssd; the default True): every step the engine decides,
     per sequence, how many of its k proposals the target verifies (0 makes
@@ -117,6 +121,7 @@ class EngineConfig:
     coupling: str = "gumbel"
     draft_matmul_min_rows: int = 4
     batch_invariant: bool = True
+    backend: str = "auto"
     adaptive: bool = True
 
     def __post_init__(self):

@@ -100,11 +100,12 @@ class LLM:
             models.loader.check_same_tokenizer(target, draft)  # before any weights load
         self.model = load(target)
         self.draft_model = None if draft is None else load(draft)
-        core = self.model.core_model(config.target_device, batch_invariant=config.batch_invariant)
+        core = self.model.core_model(config.target_device, config.backend, batch_invariant=config.batch_invariant)
         self.model.weights.clear()  # the core holds its own (fused) copies
         draft_core = None
         if self.draft_model is not None:
-            draft_core = self.draft_model.core_model(config.draft_device, batch_invariant=config.batch_invariant)
+            draft_core = self.draft_model.core_model(config.draft_device, config.backend,
+                                                     batch_invariant=config.batch_invariant)
             self.draft_model.weights.clear()
         try:
             self._engine = _C.Engine(config.to_dict(), core, list(self.model.eos_token_ids), draft_core,

@@ -173,11 +173,13 @@ def test_kv_capacity_must_hold_one_sequence():
         EngineConfig(max_model_len=64, kv_capacity_tokens=10)
 
 
-def test_runtime_failure_ends_only_that_request(model_dir, tmp_path):
+@pytest.mark.parametrize("backend", ["auto", "aten"])
+def test_runtime_failure_ends_only_that_request(model_dir, tmp_path, backend):
     # A checkpoint with one NaN embedding row: any sequence containing that
     # token produces NaN logits. Rows never mix, so its batch-mates are unaffected.
+    # "aten": the NaN is found on the device side of the round (target_round.h).
     prompts = [[1, 2, 3], [4, 5]]
-    with LLM(model_dir, max_model_len=64) as good_llm:
+    with LLM(model_dir, max_model_len=64, backend=backend) as good_llm:
         want = good_llm.generate(prompts, greedy(10))
     used = {t for o in want for t in o.token_ids} | {t for p in prompts for t in p}
     poison = next(t for t in range(6, 512) if t not in used)
@@ -189,7 +191,7 @@ def test_runtime_failure_ends_only_that_request(model_dir, tmp_path):
     weights = load_file(model_dir / "model.safetensors")
     weights["model.embed_tokens.weight"][poison] = float("nan")
     save_file(weights, bad / "model.safetensors", metadata={"format": "pt"})
-    with LLM(bad, max_model_len=64) as llm:
+    with LLM(bad, max_model_len=64, backend=backend) as llm:
         outs = llm.generate([prompts[0], [4, poison, 6], prompts[1]], greedy(10))
     assert outs[1].finish_reason == "error" and "NaN" in outs[1].error
     assert outs[0].token_ids == want[0].token_ids and outs[2].token_ids == want[1].token_ids

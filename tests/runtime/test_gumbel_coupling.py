@@ -15,6 +15,7 @@ import random
 
 import pytest
 
+import ssd.models as ssd_models
 from ssd import LLM, EngineConfig, SamplingParams
 from ssd.testing import TestingConfig
 from tests.reference import law
@@ -201,14 +202,18 @@ LAW_CASES = {
 }
 
 
-def law_run(small_pair, case, testing=None, fraction=1):
-    """Samples the law test (or 1 / fraction of it); returns (p-values of each view, stats)."""
+def law_run(small_pair, case, testing=None, fraction=1, **settings):
+    """Samples the law test (or 1 / fraction of it); returns (p-values of each view, stats).
+
+    settings: more engine fields (the device-round tests add backend="aten")."""
     target, draft = small_pair
     mode, max_batch, engine = LAW_CASES[case]
+    engine = {**engine, **settings}
     extra = {} if mode == "ar" else {"draft": draft, "k": K}
     with LLM(target, mode=mode, adaptive=False, max_model_len=32, max_batch=max_batch, max_batched_tokens=8192, coupling="gumbel",
              testing=testing, **extra, **engine) as llm:
-        laws = law.views(law.exact_joint(llm.model, PROMPT, LAW_TOKENS, VOCAB, *LAW_SETTING))
+        # The exact law by enumeration on the CPU (the oracle), whatever the engine's placement.
+        laws = law.views(law.exact_joint(ssd_models.load(target), PROMPT, LAW_TOKENS, VOCAB, *LAW_SETTING))
         n = max(samples_for_power(p, tv=0.01, alpha=ALPHA, power=0.9) for p in laws) // fraction
         outs = llm.generate([PROMPT] * n, seeded(*LAW_SETTING, n=n, seed0=21_000_000, max_tokens=LAW_TOKENS))
         stats = llm.stats()

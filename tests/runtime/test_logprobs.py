@@ -33,11 +33,13 @@ def reference(hf_model, prompt: list[int], tokens: list[int], n_top: int):
     return out
 
 
+@pytest.mark.parametrize("backend", ["auto", "aten"])  # aten: computed on the device side of the round
 @pytest.mark.parametrize("mode", ["ar", "sd", "ssd"])
-def test_logprobs_are_those_of_the_processed_target_distribution(pair, hf_target, mode):
+def test_logprobs_are_those_of_the_processed_target_distribution(pair, hf_target, mode, backend):
     target, draft = pair
     prompts = [[1, 2, 3], [40, 41], [7] * 5, [100, 200, 30, 4]]
-    with LLM(target, mode=mode, draft=None if mode == "ar" else draft, k=3, max_model_len=128) as llm:
+    with LLM(target, mode=mode, draft=None if mode == "ar" else draft, k=3, max_model_len=128,
+             backend=backend) as llm:
         params = SamplingParams(max_tokens=24, seed=5, logprobs=5, ignore_eos=True, **PARAMS)
         outs = [(o.token_ids, o.logprobs) for o in llm.generate(prompts, params)]
         chunks = list(llm.stream(prompts[0], params))

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+import ssd.models as ssd_models
 from ssd import LLM, SamplingParams
 from ssd.testing import TestingConfig
 from tests.reference import law
@@ -98,7 +99,8 @@ def run_law(small_pair, temperature, top_k, top_p, max_batch, seed0=9_000_000, *
     engine = {"coupling": "rejection", **engine}
     with LLM(target, draft=draft, mode="ssd", adaptive=False, k=2, max_model_len=32, max_batch=max_batch,
              max_batched_tokens=8192, fanout=FANOUT, **engine) as ssd:
-        joint = law.exact_joint(ssd.model, PROMPT, N_TOKENS, VOCAB, temperature, top_k, top_p)
+        # The target's exact law by enumeration on the CPU (the oracle), whatever the engine's placement.
+        joint = law.exact_joint(ssd_models.load(target), PROMPT, N_TOKENS, VOCAB, temperature, top_k, top_p)
         laws = law.views(joint)
         n = max(samples_for_power(p, tv=0.01, alpha=0.001, power=0.9) for p in laws)
         params = [SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=N_TOKENS,

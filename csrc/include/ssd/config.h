@@ -116,6 +116,10 @@ struct EngineConfig {
   /// false: the cuda backend's stock cuBLAS products (faster; greedy sd is
   /// then no longer token-identical to ar). The CPU is always batch-invariant.
   bool batch_invariant = true;
+  /// The models' backend: "auto" (each device's own kernels) or "aten" (the
+  /// reference over ATen ops; on the CPU it stands in for a device: logits
+  /// stay in tensors and every round runs the device code path).
+  std::string backend = "auto";
   /// sd/ssd: each round verifies as many of its k proposals as the speed
   /// model says pays (0: an autoregressive step), and ssd builds trees only
   /// when they pay (runtime/adaptive_policy.h); false: k proposals every

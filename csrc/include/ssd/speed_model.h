@@ -72,6 +72,7 @@ struct SpeedMetrics {
   /// so in units of one verify forward); 0 without cache lookups.
   double predicted_speedup = 0.0;
   double target_busy_fraction = 0.0;  ///< target forward time / active time
+  double round_host_bytes_per_step = 0.0;  ///< bytes the target's rounds read to the host / steps
 };
 
 // ---- One engine step over a batch (the adaptive policy) ----

@@ -118,6 +118,9 @@ struct StepCounters {
   double verify_seconds = 0.0;
   double active_seconds = 0.0;
   double target_wait_seconds = 0.0;
+  /// Bytes the target's rounds read from its device to the host (counts,
+  /// tokens, asked-for log-probabilities; never logit rows).
+  int64_t round_host_bytes = 0;
 
   template <class F>
   static void fields(F&& f) {
@@ -130,6 +133,7 @@ struct StepCounters {
     f("verify_seconds", &StepCounters::verify_seconds);
     f("active_seconds", &StepCounters::active_seconds);
     f("target_wait_seconds", &StepCounters::target_wait_seconds);
+    f("round_host_bytes", &StepCounters::round_host_bytes);
   }
   StepCounters& operator+=(const StepCounters& o) { return add_fields(*this, o); }
 };
