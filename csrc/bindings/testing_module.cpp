@@ -350,7 +350,7 @@ class BackendSteps {
     in.seq_of_token = seq_of_token;
     in.tokens.assign(positions.size(), 0);
     for (const auto& row : tables) in.max_blocks = std::max<int64_t>(in.max_blocks, static_cast<int64_t>(row.size()));
-    in.block_tables.assign(tables.size() * static_cast<size_t>(in.max_blocks), 0);
+    in.block_tables.assign(tables.size() * static_cast<size_t>(in.max_blocks), -1);  // -1: no block
     for (size_t s = 0; s < tables.size(); ++s)
       std::copy(tables[s].begin(), tables[s].end(), in.block_tables.begin() + static_cast<int64_t>(s) * in.max_blocks);
     const int64_t t = qkv.size(0);
@@ -440,10 +440,12 @@ void bind_backend_steps(py::module_& m) {
 
 }  // namespace
 
-void bind_testing_policy(py::module_& m);  // testing_policy.cpp
+void bind_testing_policy(py::module_& m);   // testing_policy.cpp
+void bind_testing_forward(py::module_& m);  // testing_forward.cpp
 
 void bind_testing(py::module_ m) {
   bind_testing_policy(m);
+  bind_testing_forward(m);
   bind_backend_steps(m);
   bind_runtime_pieces(m);
   bind_kernel_pieces(m);

@@ -33,7 +33,8 @@ struct ForwardInput {
   std::vector<int32_t> tokens;        ///< [T]
   std::vector<int32_t> positions;     ///< [T] position of each token in its sequence
   std::vector<int32_t> seq_of_token;  ///< [T] index into block_tables
-  std::vector<int32_t> block_tables;  ///< [num_seqs, max_blocks], row-major
+  std::vector<int32_t> block_tables;  ///< [num_seqs, max_blocks], row-major; -1: no block (padding).
+  ///< A token whose entry is -1 (slot -1) writes no K / V and attends to nothing (output 0).
   int64_t max_blocks = 0;
   std::vector<int32_t> logit_rows;    ///< rows of the batch whose logits are wanted
   /// > 0: matrix products over at least this many rows may use a faster,

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "kv_cache.h"
 
@@ -49,9 +50,15 @@ at::Tensor AtenBackend::linear(const at::Tensor& x, const Matrix& w, const at::T
 namespace {
 
 // Cache slots of positions pos [n] int64 whose block-table entries are at
-// `entry` [n] of the flattened tables: table[entry] * bs + pos % bs.
+// `entry` [n] of the flattened tables: table[entry] * bs + pos % bs (negative
+// for a -1 entry; the callers leave padding tokens out).
 at::Tensor slots_of(const at::Tensor& tables, const at::Tensor& entry, const at::Tensor& pos, int64_t bs) {
   return tables.index_select(0, entry).to(at::kLong) * bs + at::remainder(pos, bs);
+}
+
+// Whether token t's block-table entry is -1 (padding: no block, slot -1).
+bool padding(const ForwardInput& in, int64_t t, int64_t bs) {
+  return in.block_tables[in.seq_of_token[t] * in.max_blocks + in.positions[t] / bs] < 0;
 }
 
 // Rotary angles positions [T] x inv_freq [d / 2] -> (cos, sin), [T, 1, d / 2].
@@ -94,9 +101,21 @@ void AtenBackend::rope_kv_write(const at::Tensor& q, const at::Tensor& k, const 
     rotate(k, b.rope_cos, b.rope_sin);
   }
   if (!b.slots.defined()) b.slots = token_slots(cache, b);
+  // Padding tokens (slot -1) write nothing: only the other rows are copied.
+  const ForwardInput& in = *b.host;
+  std::vector<int64_t> live;
+  for (int64_t t = 0; t < k.size(0); ++t)
+    if (!padding(in, t, cache.block_size())) live.push_back(t);
+  at::Tensor keys = k, values = v, slots = b.slots;
+  if (static_cast<int64_t>(live.size()) != k.size(0)) {
+    const at::Tensor rows = at::tensor(live, at::kLong).to(device_);
+    keys = k.index_select(0, rows);
+    values = v.index_select(0, rows);
+    slots = slots.index_select(0, rows);
+  }
   const at::Tensor kv = cache.storage()[layer];  // [2, blocks, block_size, Hkv, d]
-  kv[0].view({-1, k.size(1), k.size(2)}).index_copy_(0, b.slots, k);
-  kv[1].view({-1, v.size(1), v.size(2)}).index_copy_(0, b.slots, v);
+  kv[0].view({-1, k.size(1), k.size(2)}).index_copy_(0, slots, keys);
+  kv[1].view({-1, v.size(1), v.size(2)}).index_copy_(0, slots, values);
 }
 
 // Query by query: each one's scores, softmax and sum have shapes that depend
@@ -110,6 +129,10 @@ at::Tensor AtenBackend::paged_attention(const at::Tensor& q, KvCache& cache, int
   const at::Tensor keys = kv[0].view({-1, hkv, d}), values = kv[1].view({-1, hkv, d});
   at::Tensor out = at::empty({t_count, hq * d}, q.options());
   for (int64_t t = 0; t < t_count; ++t) {
+    if (padding(in, t, bs)) {  // attends to nothing
+      out[t].zero_();
+      continue;
+    }
     const int64_t end = in.positions[t] + 1;
     const int64_t first = window > 0 ? std::max<int64_t>(0, end - window) : 0;
     const at::Tensor pos = at::arange(first, end, q.options().dtype(at::kLong));

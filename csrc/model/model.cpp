@@ -2,8 +2,11 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 
 namespace ssd::model {
@@ -107,7 +110,9 @@ Model::Model(const ModelConfig& config, const WeightMap& w, const ModelPlacement
 }
 
 // The kernels (and ATen's indexing on a GPU) trust the index arrays; a bad
-// one is a host-side error here, never a device fault.
+// one is a host-side error here, never a device fault. A token whose own
+// block-table entry is -1 is padding (it writes no KV and reads none); every
+// other token needs a cache block in each entry its attention reads.
 void Model::check(const ForwardInput& in, const KvCache& cache) const {
   const auto t = static_cast<int64_t>(in.tokens.size());
   if (static_cast<int64_t>(in.positions.size()) != t || static_cast<int64_t>(in.seq_of_token.size()) != t)
@@ -115,20 +120,43 @@ void Model::check(const ForwardInput& in, const KvCache& cache) const {
   const int64_t seqs = in.max_blocks > 0 ? static_cast<int64_t>(in.block_tables.size()) / in.max_blocks : 0;
   if (in.max_blocks < 0 || seqs * in.max_blocks != static_cast<int64_t>(in.block_tables.size()))
     throw std::invalid_argument("forward: block_tables is not [num_seqs, max_blocks]");
+  const int64_t bs = cache.block_size(), num_blocks = cache.num_blocks();
+  const auto is_block = [&](int32_t block) { return block >= 0 && block < num_blocks; };
+  // last_bad[i]: the last index <= i of block_tables' flat row holding no
+  // cache block (-1 or out of range), or -1; int32 like block_tables.
+  std::vector<int32_t> last_bad(in.block_tables.size());
+  for (int64_t s = 0; s < seqs; ++s)
+    for (int64_t j = 0, bad = -1; j < in.max_blocks; ++j) {
+      const int64_t i = s * in.max_blocks + j;
+      if (!is_block(in.block_tables[i])) bad = i;
+      last_bad[i] = static_cast<int32_t>(bad);
+    }
   for (int64_t i = 0; i < t; ++i) {
     const int32_t id = in.tokens[i];
     if (id < 0 || id >= config_.vocab_size)
       throw std::invalid_argument("token id " + std::to_string(id) + " is outside the vocabulary (size " +
                                   std::to_string(config_.vocab_size) + ")");
     const int64_t seq = in.seq_of_token[i], pos = in.positions[i];
-    const int64_t entry = pos / cache.block_size();
-    if (seq < 0 || seq >= seqs || pos < 0 || entry >= in.max_blocks)
-      throw std::invalid_argument("forward: token " + std::to_string(i) + " (sequence " + std::to_string(seq) +
-                                  ", position " + std::to_string(pos) + ") has no block-table entry");
-    const int32_t block = in.block_tables[seq * in.max_blocks + entry];
-    if (block < 0 || block >= cache.num_blocks())
+    const auto token = [&] {
+      return "forward: token " + std::to_string(i) + " (sequence " + std::to_string(seq) + ", position " +
+             std::to_string(pos) + ")";
+    };
+    if (seq < 0 || seq >= seqs || pos < 0 || pos / bs >= in.max_blocks)
+      throw std::invalid_argument(token() + " has no block-table entry");
+    const int64_t own = seq * in.max_blocks + pos / bs;
+    const int32_t block = in.block_tables[own];
+    if (block == -1) continue;  // padding
+    if (!is_block(block))
       throw std::invalid_argument("forward: block id " + std::to_string(block) + " is outside the KV cache (" +
-                                  std::to_string(cache.num_blocks()) + " blocks)");
+                                  std::to_string(num_blocks) + " blocks)");
+    const int64_t window = config_.sliding_window;
+    const int64_t first_key = window > 0 ? std::max<int64_t>(0, pos + 1 - window) : 0;
+    const int64_t bad = last_bad[own];
+    if (bad >= seq * in.max_blocks + first_key / bs)
+      throw std::invalid_argument(token() + " attends to block-table entry " +
+                                  std::to_string(bad - seq * in.max_blocks) + ", which holds " +
+                                  std::to_string(in.block_tables[bad]) + ", not a block of the KV cache (" +
+                                  std::to_string(num_blocks) + " blocks)");
   }
   for (const int32_t row : in.logit_rows)
     if (row < 0 || row >= t) throw std::invalid_argument("logit row out of range");

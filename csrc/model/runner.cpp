@@ -51,7 +51,7 @@ at::Tensor SequenceRunner::extend(const std::vector<std::pair<int64_t, std::vect
     }
     in.max_blocks = std::max<int64_t>(in.max_blocks, static_cast<int64_t>(states[i]->table.blocks.size()));
   }
-  in.block_tables.assign(batch.size() * static_cast<size_t>(in.max_blocks), 0);
+  in.block_tables.assign(batch.size() * static_cast<size_t>(in.max_blocks), -1);  // -1: no block
   for (size_t i = 0; i < batch.size(); ++i) {
     State& s = *states[i];
     std::copy(s.table.blocks.begin(), s.table.blocks.end(),

@@ -158,7 +158,7 @@ PathDecoder::StepBatch PathDecoder::gather(std::vector<DraftPath>& paths, int64_
   }
   for (const DraftPath* p : b.active)
     in.max_blocks = std::max<int64_t>(in.max_blocks, static_cast<int64_t>(p->table->blocks.size()));
-  in.block_tables.assign(b.active.size() * static_cast<size_t>(in.max_blocks), 0);
+  in.block_tables.assign(b.active.size() * static_cast<size_t>(in.max_blocks), -1);  // -1: no block
   for (size_t s = 0; s < b.active.size(); ++s)
     std::copy(b.active[s]->table->blocks.begin(), b.active[s]->table->blocks.end(),
               in.block_tables.begin() + static_cast<int64_t>(s) * in.max_blocks);

@@ -88,7 +88,7 @@ model::ForwardInput Scheduler::build_input(const std::vector<ScheduledChunk>& ch
   model::ForwardInput in;
   for (const auto& c : chunks)
     in.max_blocks = std::max<int64_t>(in.max_blocks, static_cast<int64_t>(c.seq->table.blocks.size()));
-  in.block_tables.assign(chunks.size() * static_cast<size_t>(in.max_blocks), 0);
+  in.block_tables.assign(chunks.size() * static_cast<size_t>(in.max_blocks), -1);  // -1: no block
   for (size_t s = 0; s < chunks.size(); ++s) {
     const Sequence* seq = chunks[s].seq;
     std::copy(seq->table.blocks.begin(), seq->table.blocks.end(),

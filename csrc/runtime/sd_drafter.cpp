@@ -43,7 +43,7 @@ model::ForwardInput SdDrafter::step_input(const std::vector<Sequence*>& seqs, co
     rows.push_back(static_cast<int64_t>(b));
   }
   for (const auto* t : tables) in.max_blocks = std::max<int64_t>(in.max_blocks, static_cast<int64_t>(t->blocks.size()));
-  in.block_tables.assign(tables.size() * static_cast<size_t>(in.max_blocks), 0);
+  in.block_tables.assign(tables.size() * static_cast<size_t>(in.max_blocks), -1);  // -1: no block
   for (size_t s = 0; s < tables.size(); ++s)
     std::copy(tables[s]->blocks.begin(), tables[s]->blocks.end(),
               in.block_tables.begin() + static_cast<int64_t>(s) * in.max_blocks);

@@ -38,6 +38,7 @@ struct PagedKv {
 
 /// Writes the K and V rows of `tokens` tokens into their cache slots:
 /// slot of token t = block_table(seq)[pos / block_size] * block_size + pos % block_size.
+/// A token whose entry is -1 (padding, no block) is skipped.
 /// k, v: [tokens, ld] with kv heads contiguous; block_tables: [num_seqs, max_blocks].
 void kv_write(const PagedKv& kv, const float* k, const float* v, int64_t ld, int64_t tokens,
               const int32_t* seq_of_token, const int32_t* positions, const int32_t* block_tables,
@@ -46,6 +47,8 @@ void kv_write(const PagedKv& kv, const float* k, const float* v, int64_t ld, int
 /// Causal attention of `tokens` queries over the paged cache: query t of
 /// sequence s at position p attends to that sequence's keys 0..p, or with
 /// window > 0 (sliding-window attention) to keys p - window + 1..p only.
+/// A query whose own entry (block of p) is -1 (padding) attends to nothing:
+/// its output is 0. Every other query's entries must be live blocks.
 /// q: [tokens, ldq] (num_heads * head_dim used), out: [tokens, ldo].
 /// Keys are visited in position order with a two-pass softmax, so the result
 /// is independent of how queries are batched or chunked.

@@ -11,6 +11,7 @@ void kv_write(const PagedKv& kv, const float* k, const float* v, int64_t ld, int
   const int64_t row = kv.num_kv_heads * kv.head_dim;
   for (int64_t t = 0; t < tokens; ++t) {
     const int32_t* table = block_tables + seq_of_token[t] * max_blocks;
+    if (table[positions[t] / kv.block_size] < 0) continue;  // padding: no block
     const int64_t slot = slot_of(table, positions[t], kv.block_size);
     std::memcpy(kv.k + slot * row, k + t * ld, sizeof(float) * row);
     std::memcpy(kv.v + slot * row, v + t * ld, sizeof(float) * row);
@@ -33,12 +34,17 @@ void paged_attention_units(const PagedAttentionParams& p, const std::vector<RowR
     const int64_t kv_head = unit % kv.num_kv_heads;
     const int64_t first_head = kv_head * group * d;
     scratch.rows.clear();
+    const int32_t* table = p.block_tables + p.seq_of_token[run.first] * p.max_blocks;
     for (int64_t t = run.first; t < run.first + run.count; ++t) {
+      if (table[p.positions[t] / kv.block_size] < 0) {  // padding: attends to nothing
+        std::fill_n(p.out + t * p.ldo + first_head, group * d, 0.0f);
+        continue;
+      }
       const int64_t n = p.positions[t] + 1;
       const int64_t first_key = p.window > 0 ? std::max<int64_t>(0, n - p.window) : 0;
       scratch.rows.push_back({p.q + t * p.ldq + first_head, p.out + t * p.ldo + first_head, n, first_key});
     }
-    const int32_t* table = p.block_tables + p.seq_of_token[run.first] * p.max_blocks;
+    if (scratch.rows.empty()) continue;
     const float* k = kv.k + kv_head * d;
     const float* v = kv.v + kv_head * d;
     const auto key_at = [&](int64_t, int64_t pos) { return k + slot_of(table, pos, kv.block_size) * row; };

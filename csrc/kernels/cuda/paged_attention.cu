@@ -36,10 +36,15 @@ __global__ void __launch_bounds__(attention::kThreads) paged_attention_kernel(Pa
   const int group = static_cast<int>(p.num_heads / p.num_kv_heads);
   const int first = blockIdx.z * kMaxGroup;
   const int64_t head0 = static_cast<int64_t>(kv_head) * group + first;
+  const int32_t* table = p.block_tables + static_cast<int64_t>(p.seq_of_token[t]) * p.max_blocks;
+  if (table[p.positions[t] / p.block_size] < 0) {  // padding (no block): attends to nothing, output 0
+    float* out = p.out + t * p.ldo + head0 * D;
+    for (int i = threadIdx.x; i < min(kMaxGroup, group - first) * D; i += blockDim.x) out[i] = 0.0f;
+    return;
+  }
   const int n = p.positions[t] + 1;
   const int first_key = p.window > 0 && n > p.window ? n - static_cast<int>(p.window) : 0;
-  const PagedKeys keys{p.k_cache + kv_head * D, p.v_cache + kv_head * D,
-                       p.block_tables + static_cast<int64_t>(p.seq_of_token[t]) * p.max_blocks,
+  const PagedKeys keys{p.k_cache + kv_head * D, p.v_cache + kv_head * D, table,
                        static_cast<int>(p.block_size), p.num_kv_heads * D, first_key};
   attention::attend_block<D>(keys, n - first_key, p.q + t * p.ldq + head0 * D, p.out + t * p.ldo + head0 * D,
                              min(kMaxGroup, group - first), p.scale);

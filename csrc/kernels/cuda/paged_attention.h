@@ -13,8 +13,9 @@ namespace ssd::kernels::cuda {
 /// [blocks, block_size, num_kv_heads, head_dim] contiguous; block_tables
 /// [num_seqs, max_blocks]; query t attends to positions 0..positions[t] of
 /// sequence seq_of_token[t], or with window > 0 to positions
-/// positions[t] - window + 1..positions[t]. Indices are trusted (not checked
-/// on the device).
+/// positions[t] - window + 1..positions[t]. A query whose own entry is -1
+/// (padding, no block) attends to nothing: its output is 0. Indices are
+/// trusted (not checked on the device).
 struct PagedAttentionParams {
   const float* q = nullptr;
   int64_t ldq = 0;

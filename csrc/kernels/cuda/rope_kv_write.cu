@@ -1,7 +1,8 @@
 // One block per token: rotate its q and k heads in place, then copy its k and
-// v heads to the token's cache slot. The rotation spells out the CPU's
-// operations (a * c - b * s and b * c + a * s, each product and sum rounded on
-// its own, never fused), with cosf / sinf for the CPU's std::cos / std::sin.
+// v heads to the token's cache slot (a padding token, entry -1, copies
+// nothing). The rotation spells out the CPU's operations (a * c - b * s and
+// b * c + a * s, each product and sum rounded on its own, never fused), with
+// cosf / sinf for the CPU's std::cos / std::sin.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -33,6 +34,7 @@ __global__ void __launch_bounds__(kThreads) rope_kv_write_kernel(RopeKvWritePara
   const int64_t kv_width = p.num_kv_heads * p.head_dim;
   const int64_t position = p.positions[t];
   const int64_t block = p.block_tables[p.seq_of_token[t] * p.max_blocks + position / p.block_size];
+  if (block < 0) return;  // padding (-1, no block): q and k rotated, nothing written
   const int64_t slot = block * p.block_size + position % p.block_size;
   const float* k = row + p.num_heads * p.head_dim;
   const float* v = k + kv_width;

@@ -14,8 +14,9 @@ namespace ssd::kernels::cuda {
 /// angle = float(position) * inv_freq[i], as kernels/cpu/rope.cpp), then k and
 /// v go to the slot block_tables[seq, pos / block_size] * block_size +
 /// pos % block_size of k_cache / v_cache [blocks, block_size, num_kv_heads,
-/// head_dim]. Every element depends only on its own token: batch-invariant.
-/// Indices are trusted (the forward checks them on the host).
+/// head_dim]. A token whose entry is -1 (padding, no block) is rotated and
+/// writes nothing. Every element depends only on its own token:
+/// batch-invariant. Indices are trusted (the forward checks them on the host).
 struct RopeKvWriteParams {
   float* qkv = nullptr;
   int64_t ld = 0;
