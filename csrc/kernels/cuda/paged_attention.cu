@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(attention::kThreads) paged_attention_kernel(Pa
   const int32_t* table = p.block_tables + static_cast<int64_t>(p.seq_of_token[t]) * p.max_blocks;
   if (table[p.positions[t] / p.block_size] < 0) {  // padding (no block): attends to nothing, output 0
     float* out = p.out + t * p.ldo + head0 * D;
-    for (int i = threadIdx.x; i < min(kMaxGroup, group - first) * D; i += blockDim.x) out[i] = 0.0f;
+    for (int i = threadIdx.x; i < min(kMaxGroup, group - first) * D; i += attention::kThreads) out[i] = 0.0f;
     return;
   }
   const int n = p.positions[t] + 1;
