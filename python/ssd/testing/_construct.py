@@ -100,9 +100,11 @@ def _noise_seed(seed: int, layer_index: int, slot: int) -> int:
 
 def replaced_weight(original: torch.Tensor, seed: int, layer_index: int, slot: int,
                     scale: float) -> torch.Tensor:
-    """Seeded Gaussian with ``scale`` x the std of ``original`` (same shape, fp32)."""
-    gen = torch.Generator().manual_seed(_noise_seed(seed, layer_index, slot))
-    noise = torch.randn(original.shape, generator=gen, dtype=torch.float32)
+    """Seeded Gaussian with ``scale`` x the std of ``original`` (same shape and
+    device, fp32). The draws come from ``original``'s device's generator, so a
+    seed gives different (equally seeded) weights on the CPU and on a GPU."""
+    gen = torch.Generator(device=original.device).manual_seed(_noise_seed(seed, layer_index, slot))
+    noise = torch.randn(original.shape, generator=gen, dtype=torch.float32, device=original.device)
     return noise.mul_(scale * float(original.float().std()))
 
 
@@ -148,7 +150,11 @@ def target_tensors(base: dict[str, torch.Tensor], config: ModelConfig, plan: Lay
 
 
 class TorchForward:
-    """A plain Llama forward over one sequence (HF conventions), for calibration."""
+    """A plain Llama forward over one sequence (HF conventions), for calibration.
+
+    Activations are fp32 on the weights' device; a weight of another dtype
+    (bf16) is cast to fp32 for each product, as the engine computes.
+    """
 
     def __init__(self, config: ModelConfig, base: dict[str, torch.Tensor]):
         if config.architecture != "LlamaForCausalLM" or config.rope_scaling is not None:
@@ -160,39 +166,45 @@ class TorchForward:
 
     def embed_ids(self, ids: list[int]) -> torch.Tensor:
         """ids: [T] -> hidden [T, hidden]."""
-        return self.embed[torch.tensor(ids, dtype=torch.long)].clone()
+        index = torch.tensor(ids, dtype=torch.long, device=self.embed.device)
+        return self.embed[index].to(torch.float32, copy=True)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """hidden [T, hidden] -> logits [T, vocab]."""
-        return self._rms(x, self.final_norm) @ self.head.T
+        return _mm(self._rms(x, self.final_norm), self.head)
 
     def layer(self, x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
         """One decoder layer on hidden [T, hidden] (w: short keys as in ``layer_weights``)."""
         c = self.config
         T = x.shape[0]
         h = self._rms(x, w["input_layernorm.weight"])
-        q = (h @ w["self_attn.q_proj.weight"].T).view(T, c.num_heads, c.head_dim).transpose(0, 1)
-        k = (h @ w["self_attn.k_proj.weight"].T).view(T, c.num_kv_heads, c.head_dim).transpose(0, 1)
-        v = (h @ w["self_attn.v_proj.weight"].T).view(T, c.num_kv_heads, c.head_dim).transpose(0, 1)
-        cos, sin = self._rope(T)
+        q = _mm(h, w["self_attn.q_proj.weight"]).view(T, c.num_heads, c.head_dim).transpose(0, 1)
+        k = _mm(h, w["self_attn.k_proj.weight"]).view(T, c.num_kv_heads, c.head_dim).transpose(0, 1)
+        v = _mm(h, w["self_attn.v_proj.weight"]).view(T, c.num_kv_heads, c.head_dim).transpose(0, 1)
+        cos, sin = self._rope(T, x.device)
         q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
         group = c.num_heads // c.num_kv_heads
         k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
         attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + attn.transpose(0, 1).reshape(T, -1) @ w["self_attn.o_proj.weight"].T
+        x = x + _mm(attn.transpose(0, 1).reshape(T, -1), w["self_attn.o_proj.weight"])
         h = self._rms(x, w["post_attention_layernorm.weight"])
-        mlp = F.silu(h @ w["mlp.gate_proj.weight"].T) * (h @ w["mlp.up_proj.weight"].T)
-        return x + mlp @ w["mlp.down_proj.weight"].T
+        mlp = F.silu(_mm(h, w["mlp.gate_proj.weight"])) * _mm(h, w["mlp.up_proj.weight"])
+        return x + _mm(mlp, w["mlp.down_proj.weight"])
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps) * weight
 
-    def _rope(self, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rope(self, T: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         d = self.config.head_dim
-        inv_freq = 1.0 / (self.config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
-        freqs = torch.arange(T, dtype=torch.float32)[:, None] * inv_freq[None, :]
+        inv_freq = 1.0 / (self.config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=device) / d))
+        freqs = torch.arange(T, dtype=torch.float32, device=device)[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos(), emb.sin()
+
+
+def _mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [T, in] @ weight [out, in].T in x's dtype -> [T, out]."""
+    return x @ weight.to(x.dtype).T
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
