@@ -26,7 +26,8 @@ SUBCOMMANDS = {
     "serve": ("ssd.bench.serve", "[--url URL | --modes ar,sd,ssd] [--rates R,...] [--json FILE] [--plot FILE]",
               "TTFT, inter-token latency and output tok/s of ssd serve under Poisson request rates"),
     "gpu": ("ssd.bench.gpu", "[--device cuda|cpu] [--shapes llama|tiny] [--json FILE]",
-            "batch-1 ar decode of an 8B-shaped bf16 target against the bandwidth bound, and greedy sd beside it"),
+            "ar, sd and ssd at batch 1 and 4 on a 1B draft and a target of an 8B's bytes built from it, "
+            "made on the device; ar against the bandwidth bound"),
     "fallback": ("ssd.bench.fallback", "--auto FILE [--json FILE] [--plot FILE]",
                  "ssd with the neural and the fast cache-miss fallback forced, beside a default run's auto"),
     "coupling": ("ssd.bench.coupling", "[--temperature 0.7,1.0] [--saguaro-c 1,0.5] [--json FILE] [--plot FILE]",
