@@ -76,7 +76,8 @@ ModelConfig model_config_from(const py::dict& d) {
   return c;
 }
 
-EngineConfig engine_config_from(const py::dict& d) {
+// The fields only; engine_config_from validates them too.
+EngineConfig engine_config_fields(const py::dict& d) {
   EngineConfig c;
   get(d, "mode", c.mode);
   get(d, "max_model_len", c.max_model_len);
@@ -101,6 +102,11 @@ EngineConfig engine_config_from(const py::dict& d) {
   get(d, "batch_invariant", c.batch_invariant);
   get(d, "backend", c.backend);
   get(d, "adaptive", c.adaptive);
+  return c;
+}
+
+EngineConfig engine_config_from(const py::dict& d) {
+  EngineConfig c = engine_config_fields(d);
   c.validate();
   return c;
 }
@@ -137,6 +143,7 @@ TestingConfig testing_config_from(const py::dict& d) {
   for (auto item : d) {
     const auto key = item.first.cast<std::string>();
     if (key != "tree_blocks" && key != "forced_lookahead" && key != "draft_answer_delay_ms" &&
+        key != "fake_devices" &&
         std::none_of(std::begin(switches), std::end(switches), [&](const auto& s) { return key == s.first; }))
       throw std::invalid_argument("testing: unknown switch '" + key + "'");
   }
@@ -144,6 +151,18 @@ TestingConfig testing_config_from(const py::dict& d) {
   get(d, "tree_blocks", t.tree_blocks);
   get(d, "draft_answer_delay_ms", t.draft_answer_delay_ms);
   get(d, "forced_lookahead", t.forced_lookahead);
+  if (d.contains("fake_devices") && !d["fake_devices"].is_none()) {
+    // {"host_bytes": n, "cuda": [(free_bytes, total_bytes), ...]}
+    const py::dict fake = d["fake_devices"].cast<py::dict>();
+    MachineDevices m;
+    int64_t host = 0;
+    get(fake, "host_bytes", host);
+    m.host = {host, host};
+    std::vector<std::pair<int64_t, int64_t>> cuda;
+    get(fake, "cuda", cuda);
+    for (const auto& [free_bytes, total_bytes] : cuda) m.cuda.push_back({free_bytes, total_bytes});
+    t.fake_devices = m;
+  }
   return t;
 }
 
@@ -318,6 +337,27 @@ void bind_config(py::module_& m) {
         py::arg("params"), py::arg("vocab_size") = 0);
 }
 
+// EngineConfig::resolve for given model configs, against the testing
+// config's fake devices: placements and KV budgets without a GPU.
+void bind_config_testing(py::module_& m) {
+  m.def(
+      "resolve_engine_config",
+      [](const py::dict& config, const py::dict& target, const py::object& draft, const py::dict& testing) {
+        EngineConfig c = engine_config_fields(config);
+        const ModelConfig t = model_config_from(target);
+        std::optional<ModelConfig> d;
+        if (!draft.is_none()) d = model_config_from(draft.cast<py::dict>());
+        c.resolve(t, d ? &*d : nullptr, testing_config_from(testing));
+        py::dict out;
+        out["max_model_len"] = c.max_model_len;
+        out["kv_capacity_tokens"] = c.kv_capacity_tokens;
+        return out;
+      },
+      py::arg("config"), py::arg("target"), py::arg("draft"), py::arg("testing"),
+      "EngineConfig::validate and resolve (config: EngineConfig.to_dict(), target / draft: model config dicts) "
+      "against testing's fake_devices; the resolved {max_model_len, kv_capacity_tokens}.");
+}
+
 // Models and a sequence runner over their paged KV cache.
 void bind_models(py::module_& m) {
   py::class_<model::Model, std::shared_ptr<model::Model>>(m, "Model")
@@ -437,5 +477,7 @@ PYBIND11_MODULE(_C, m) {
   bind_config(m);
   bind_models(m);
   bind_engine(m);
-  bind_testing(m.def_submodule("testing", "Test-only entry points into the core's pieces (not a product API)."));
+  py::module_ testing = m.def_submodule("testing", "Test-only entry points into the core's pieces (not a product API).");
+  bind_testing(testing);
+  bind_config_testing(testing);
 }

@@ -4,11 +4,11 @@
 #include <stdexcept>
 #include <sstream>
 #include <string>
-
-#include <unistd.h>
+#include <vector>
 
 #include "ssd/config.h"
 #include "../model/backend.h"
+#include "../model/device_memory.h"
 #include "ssd/log.h"
 #include "ssd/types.h"
 
@@ -38,10 +38,78 @@ std::string gib(double bytes) {
   return out.str();
 }
 
-// Physical memory of this machine in bytes (0 when unknown).
-double physical_memory() {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
+// The devices the checks see: this machine's, or TestingConfig's fake ones.
+class Machine {
+ public:
+  explicit Machine(const TestingConfig& testing) : fake_(testing.fake_devices ? &*testing.fake_devices : nullptr) {}
+
+  int64_t cuda_count() const {
+    return fake_ ? static_cast<int64_t>(fake_->cuda.size()) : model::cuda_device_count();
+  }
+
+  /// `device` canonical: "cpu" or "cuda:N" with N < cuda_count().
+  DeviceMemory memory(const std::string& device) const {
+    if (!fake_) return model::device_memory(device);
+    return device == "cpu" ? fake_->host : fake_->cuda.at(std::stoul(device.substr(5)));
+  }
+
+ private:
+  const MachineDevices* fake_;
+};
+
+// "" when `device` names one of the machine's devices, else why not.
+std::string device_problem(const std::string& device, const Machine& machine) {
+  std::string canonical;
+  try {
+    canonical = model::canonical_device(device);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  if (canonical == "cpu") return "";
+  const int64_t count = machine.cuda_count();
+  if (count == 0)
+    return "device '" + device + "': no CUDA device is available (this torch build or this machine has no "
+           "NVIDIA GPU); use 'cpu'";
+  if (std::stoll(canonical.substr(5)) >= count)
+    return "device '" + device + "': this machine has " + std::to_string(count) + " CUDA device" +
+           (count == 1 ? "" : "s") + " (cuda:0..cuda:" + std::to_string(count - 1) + ")";
+  return "";
+}
+
+// The KV caches on one device: the bytes a token takes in them, whose they are.
+struct DeviceCaches {
+  std::string device;  // canonical
+  double per_token = 0;
+  std::string holds;   // "target", "draft" or "target and draft"
+};
+
+// "" when `bytes` fit the device's memory (or it is unknown), else what they exceed.
+std::string exceeded(double bytes, const std::string& device, const Machine& machine) {
+  const DeviceMemory m = machine.memory(device);
+  if (device == "cpu")
+    return m.total_bytes > 0 && bytes > static_cast<double>(m.total_bytes)
+               ? "this machine's memory (" + gib(static_cast<double>(m.total_bytes)) + ")"
+               : "";
+  return m.total_bytes > 0 && bytes > static_cast<double>(m.free_bytes)
+             ? "the free memory of " + device + " (" + gib(static_cast<double>(m.free_bytes)) + " free of " +
+                   gib(static_cast<double>(m.total_bytes)) + ")"
+             : "";
+}
+
+// kv_cache_gib "auto" on one device: bytes for the caches on it.
+double auto_budget(const DeviceCaches& caches, const Machine& machine) {
+  if (caches.device == "cpu") return kCpuAutoKvGiB * kGiB;
+  const DeviceMemory m = machine.memory(caches.device);
+  if (m.total_bytes <= 0)
+    bad("kv_cache_gib", "'auto' needs the free memory of " + caches.device +
+                            ", which this build cannot read (ssd was built without CUDA); give a number of GiB");
+  const double free = static_cast<double>(m.free_bytes), total = static_cast<double>(m.total_bytes);
+  const double margin = std::max(kAutoKvMarginGiB * kGiB, kAutoKvMarginFraction * total);
+  if (free <= margin)
+    bad("kv_cache_gib", "'auto' leaves nothing for the " + caches.holds + " KV cache on " + caches.device + ": " +
+                            gib(free) + " free of " + gib(total) + ", within the margin of " + gib(margin) +
+                            " kept for activations; free memory there or give a number of GiB");
+  return free - margin;
 }
 
 // Weight shapes multiply these sizes; a config read from a corrupt file may
@@ -114,7 +182,9 @@ void SamplingParams::validate(int64_t vocab_size) const {
   }
 }
 
-void EngineConfig::validate() const {
+void EngineConfig::validate() const { validate(TestingConfig{}); }
+
+void EngineConfig::validate(const TestingConfig& testing) const {
   if (mode != "ar" && mode != "sd" && mode != "ssd")
     bad("mode", "must be 'ar', 'sd' or 'ssd', got '" + mode + "'");
   if (max_model_len < 0)
@@ -122,8 +192,8 @@ void EngineConfig::validate() const {
   positive("max_batch", max_batch);
   positive("max_batched_tokens", max_batched_tokens);
   positive("kv_block_size", kv_block_size);
-  if (!(std::isfinite(kv_cache_gib) && kv_cache_gib > 0))
-    bad("kv_cache_gib", "must be a number of GiB > 0, got " + std::to_string(kv_cache_gib));
+  if (!(std::isfinite(kv_cache_gib) && kv_cache_gib >= 0))
+    bad("kv_cache_gib", "must be a number of GiB > 0 or 0 ('auto'), got " + std::to_string(kv_cache_gib));
   if (kv_capacity_tokens < 0) bad("kv_capacity_tokens", "must be >= 0 (0: sized by kv_cache_gib)");
   if (kv_capacity_tokens > 0 && kv_capacity_tokens < max_model_len)
     bad("kv_capacity_tokens", "must hold at least one sequence of max_model_len (" +
@@ -133,13 +203,19 @@ void EngineConfig::validate() const {
     bad("dtype", "must be 'float32' or 'bfloat16', got '" + dtype + "'");
   // Syntax and presence (this build, this machine): a CUDA device without a
   // GPU is refused here, before any weight is loaded.
-  if (const std::string why = model::device_problem(target_device); !why.empty()) bad("target_device", why);
-  if (mode != "ar")
-    if (const std::string why = model::device_problem(draft_device); !why.empty()) bad("draft_device", why);
-  if (mode == "ssd" && (target_device != "cpu" || draft_device != "cpu"))
-    bad(target_device != "cpu" ? "target_device" : "draft_device",
-        "mode 'ssd' runs on the CPU only in this version (ar and sd run on CUDA), got '" +
-            (target_device != "cpu" ? target_device : draft_device) + "'");
+  const Machine machine(testing);
+  if (const std::string why = device_problem(target_device, machine); !why.empty()) bad("target_device", why);
+  if (mode == "ar") {
+    if (draft_device != "cpu")
+      bad("draft_device", "mode 'ar' runs no draft model, so draft_device must stay 'cpu', got '" + draft_device +
+                              "' (modes 'sd' and 'ssd' place a draft)");
+  } else {
+    if (const std::string why = device_problem(draft_device, machine); !why.empty()) bad("draft_device", why);
+    if (model::canonical_device(target_device) == "cpu" && model::canonical_device(draft_device) != "cpu")
+      bad("draft_device", "'" + draft_device + "' with target_device 'cpu' is not a supported placement: a GPU "
+                          "draft needs the target on a GPU (the draft on the CPU, on the target's GPU or on "
+                          "another GPU), or both on the CPU");
+  }
   threads("target_threads", target_threads);
   threads("draft_threads", draft_threads);
   positive("k", k);
@@ -179,40 +255,85 @@ int64_t kv_bytes_per_token(const ModelConfig& model) {
 }
 
 void EngineConfig::resolve(const ModelConfig& target, const ModelConfig* draft) {
-  validate();
+  resolve(target, draft, TestingConfig{});
+}
+
+void EngineConfig::resolve(const ModelConfig& target, const ModelConfig* draft, const TestingConfig& testing) {
+  validate(testing);
+  const Machine machine(testing);
   const int64_t max_pos = target.max_position_embeddings;
   if (max_model_len > max_pos)
     bad("max_model_len", std::to_string(max_model_len) + " exceeds the model's max_position_embeddings (" +
                              std::to_string(max_pos) + ")");
-  const double per_token = static_cast<double>(kv_bytes_per_token(target) + (draft ? kv_bytes_per_token(*draft) : 0));
-  const double memory = physical_memory();
+  // Both caches hold kv_capacity_tokens slots; each lives on its model's device.
+  std::vector<DeviceCaches> devices{{model::canonical_device(target_device),
+                                     static_cast<double>(kv_bytes_per_token(target)), "target"}};
+  if (draft) {
+    const std::string device = model::canonical_device(draft_device);
+    const auto per_token = static_cast<double>(kv_bytes_per_token(*draft));
+    if (device == devices[0].device) {
+      devices[0].per_token += per_token;
+      devices[0].holds = "target and draft";
+    } else {
+      devices.push_back({device, per_token, "draft"});
+    }
+  }
+  double per_token = 0;
+  for (const DeviceCaches& d : devices) per_token += d.per_token;
+  // A message's note of the `bytes` on d's device, when the caches span two.
+  auto share = [&](const DeviceCaches& d, double bytes) {
+    if (devices.size() == 1) return std::string();
+    return " (" + gib(bytes) + " of it for the " + d.holds + " on " + d.device + ")";
+  };
   if (kv_capacity_tokens == 0) {
-    const double budget = kv_cache_gib * kGiB;
-    if (memory > 0 && budget > memory)
-      bad("kv_cache_gib", gib(budget) + " exceeds this machine's memory (" + gib(memory) + ")");
-    kv_capacity_tokens = static_cast<int64_t>(budget / per_token);
+    std::string budget_name;  // kv_cache_gib as the messages name it
+    if (kv_cache_gib > 0) {
+      const double budget = kv_cache_gib * kGiB;
+      budget_name = gib(budget);
+      for (const DeviceCaches& d : devices) {
+        const double bytes = budget * d.per_token / per_token;
+        if (const std::string limit = exceeded(bytes, d.device, machine); !limit.empty())
+          bad("kv_cache_gib", budget_name + share(d, bytes) + " exceeds " + limit);
+      }
+      kv_capacity_tokens = static_cast<int64_t>(budget / per_token);
+    } else {
+      // "auto": as many tokens as the tightest device holds.
+      double tokens = std::numeric_limits<double>::infinity();
+      for (const DeviceCaches& d : devices) {
+        const double bytes = auto_budget(d, machine);
+        if (const std::string limit = exceeded(bytes, d.device, machine); !limit.empty())
+          bad("kv_cache_gib",
+              "'auto' (" + gib(bytes) + " for the " + d.holds + " on " + d.device + ") exceeds " + limit);
+        tokens = std::min(tokens, std::floor(bytes / d.per_token));
+      }
+      kv_capacity_tokens = static_cast<int64_t>(tokens);
+      budget_name = "'auto' (" + gib(static_cast<double>(kv_capacity_tokens) * per_token) + ")";
+    }
     if (kv_capacity_tokens < kv_block_size)
-      bad("kv_cache_gib", gib(budget) + " holds " + std::to_string(kv_capacity_tokens) + " tokens (" +
+      bad("kv_cache_gib", budget_name + " holds " + std::to_string(kv_capacity_tokens) + " tokens (" +
                               std::to_string(static_cast<int64_t>(per_token)) +
                               " bytes each), less than one KV block");
     if (max_model_len == 0 && kv_capacity_tokens < max_pos) {
       SSD_LOG_WARNING("max_model_len: the model supports " << max_pos << " positions, but kv_cache_gib ("
-                      << kv_cache_gib << ") holds " << kv_capacity_tokens << " tokens; max_model_len is "
+                      << budget_name << ") holds " << kv_capacity_tokens << " tokens; max_model_len is "
                       << kv_capacity_tokens << " (raise kv_cache_gib for more)");
       max_model_len = kv_capacity_tokens;
     }
     if (max_model_len > kv_capacity_tokens)
-      bad("kv_cache_gib", gib(budget) + " holds " + std::to_string(kv_capacity_tokens) +
+      bad("kv_cache_gib", budget_name + " holds " + std::to_string(kv_capacity_tokens) +
                               " tokens, fewer than max_model_len (" + std::to_string(max_model_len) +
                               "); raise kv_cache_gib or lower max_model_len");
   } else {
     const double need = static_cast<double>(kv_capacity_tokens) * per_token;
-    if (memory > 0 && need > memory)
-      bad("kv_capacity_tokens", std::to_string(kv_capacity_tokens) + " tokens need " + gib(need) +
-                                    " of KV cache, more than this machine's memory (" + gib(memory) + ")");
+    for (const DeviceCaches& d : devices) {
+      const double bytes = static_cast<double>(kv_capacity_tokens) * d.per_token;
+      if (const std::string limit = exceeded(bytes, d.device, machine); !limit.empty())
+        bad("kv_capacity_tokens", std::to_string(kv_capacity_tokens) + " tokens need " + gib(need) +
+                                      " of KV cache" + share(d, bytes) + ", more than " + limit);
+    }
   }
   if (max_model_len == 0) max_model_len = std::min(max_pos, kv_capacity_tokens);
-  validate();
+  validate(testing);
 }
 
 int64_t EngineConfig::num_kv_blocks() const {

@@ -57,6 +57,15 @@ def _budget(text: str):
     return text if text == "auto" else int(text)
 
 
+def _gib(text: str):
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of GiB or auto, got {text!r}") from None
+
+
 def _bool(text: str) -> bool:
     if text.lower() in ("true", "1", "yes", "on"):
         return True
@@ -67,7 +76,7 @@ def _bool(text: str) -> bool:
 
 # How an EngineConfig field's option parses its value, by the field's declared type.
 _PARSERS = {"int": int, "float": float, "str": str, "str | list[int]": _fanout, "str | int": _budget,
-            "bool": _bool}
+            "float | str": _gib, "bool": _bool}
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:

@@ -47,9 +47,13 @@ class EngineConfig:
     logged warning to what the KV budget holds.
     max_batch: sequences per step; max_batched_tokens: tokens per forward
     (longer prompts are prefilled in chunks). kv_cache_gib: memory of the KV
-    caches (target and draft together) in GiB, the engine's memory budget:
-    it is reserved up front but becomes resident only as sequences use it
-    (an ssd draft's speculation tree adds its blocks on top).
+    caches (target and draft together) in GiB, the engine's memory budget
+    (an ssd draft's speculation tree adds its blocks on top); on the CPU it
+    is reserved up front but becomes resident only as sequences use it. It
+    must fit each device's free memory (the CPU's: its RAM). "auto": on a
+    GPU, what the device has free once the weights are loaded, less a margin
+    of max(1 GiB, 10 % of its memory), shared by the caches on it; on the
+    CPU, 4 GiB.
     kv_capacity_tokens: KV slots per model, overriding kv_cache_gib (0: from
     the budget). dtype: weight storage, "float32" or "bfloat16" (activations
     and the KV cache are float32).
@@ -77,11 +81,13 @@ class EngineConfig:
     use bf16 pair kernels (AVX512-BF16, many rows cost about one); the draft's
     numerics never change the output law. 0 turns that off.
 
-    Placement: target_device is "cpu", "cuda" or "cuda:N"; draft_device the
-    same (sd: any CUDA device or "cpu"; ssd runs on the CPU only in this
-    version). A CUDA device on a machine or build without one is a ValueError
-    naming it. batch_invariant: True (the default) keeps every row's logits
-    bitwise independent of the batch on CUDA too, which is what makes greedy
+    Placement (docs/gpu.md): target_device is "cpu", "cuda" or "cuda:N";
+    draft_device (sd and ssd; mode ar refuses anything but "cpu") is "cpu",
+    the target's GPU (the draft runs on its own stream) or another GPU, and a
+    GPU only when the target is on one. A CUDA device on a machine or build
+    without one, or past its last GPU, is a ValueError naming the field.
+    batch_invariant: True (the default) keeps every row's logits bitwise
+    independent of the batch on CUDA too, which is what makes greedy
     sd token-identical to ar; False lets the CUDA backend use stock cuBLAS
     products (on bf16 activations for bf16 weights), faster and not
     token-identical. The CPU is always invariant. backend: "auto" (each
@@ -106,7 +112,7 @@ class EngineConfig:
     max_batch: int = 32
     max_batched_tokens: int = 2048
     kv_block_size: int = 16
-    kv_cache_gib: float = 4.0
+    kv_cache_gib: float | str = 4.0
     kv_capacity_tokens: int = 0
     dtype: str = "float32"
     target_device: str = "cpu"
@@ -138,6 +144,10 @@ class EngineConfig:
         if self.fanout_budget != "auto" and (not isinstance(self.fanout_budget, numbers.Integral)
                                              or isinstance(self.fanout_budget, bool) or self.fanout_budget < 1):
             raise ValueError(f"fanout_budget: must be 'auto' or an integer >= 1, got {self.fanout_budget!r}")
+        if self.kv_cache_gib != "auto" and not (isinstance(self.kv_cache_gib, numbers.Real)
+                                                and not isinstance(self.kv_cache_gib, bool)
+                                                and self.kv_cache_gib > 0):
+            raise ValueError(f"kv_cache_gib: must be a number of GiB > 0 or 'auto', got {self.kv_cache_gib!r}")
         if not isinstance(self.saguaro_c, numbers.Real) or isinstance(self.saguaro_c, bool):
             raise ValueError(f"saguaro_c: must be a number in [0, 1], got {self.saguaro_c!r}")
         for f in dataclasses.fields(self):
@@ -154,6 +164,8 @@ class EngineConfig:
             self.fanout = [_integer("fanout", v) for v in self.fanout]
         if self.fanout_budget != "auto":
             self.fanout_budget = _integer("fanout_budget", self.fanout_budget)
+        if self.kv_cache_gib != "auto":
+            self.kv_cache_gib = float(self.kv_cache_gib)
         _core().validate_engine_config(self.to_dict())
 
     def to_dict(self) -> dict:
@@ -163,6 +175,7 @@ class EngineConfig:
         d["fanout_list"] = [] if isinstance(fanout, str) else fanout
         d["fanout_mode"] = fanout if isinstance(fanout, str) else "geometric"
         d["fanout_budget"] = 0 if d["fanout_budget"] == "auto" else d["fanout_budget"]
+        d["kv_cache_gib"] = 0.0 if d["kv_cache_gib"] == "auto" else d["kv_cache_gib"]
         d["saguaro_c"] = float(d["saguaro_c"])
         return d
 

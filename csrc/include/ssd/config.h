@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -76,7 +77,11 @@ struct SamplingParams {
   void validate(int64_t vocab_size) const;
 };
 
+struct TestingConfig;
+
 /// The one engine configuration (mirrored by ssd.EngineConfig in Python).
+/// Placements (docs/gpu.md): both models on the CPU; the target on a GPU with
+/// the draft on the CPU, on the same GPU (its own stream) or on another GPU.
 struct EngineConfig {
   std::string mode = "ar";  ///< "ar", "sd" or "ssd" (the last two use the draft fields)
   /// Prompt + generated tokens per request; 0: what the target supports
@@ -86,8 +91,11 @@ struct EngineConfig {
   int64_t max_batch = 32;
   int64_t max_batched_tokens = 2048;  ///< token budget of one forward (prefill chunking)
   int64_t kv_block_size = 16;
-  /// Memory of the KV caches (target and draft together), in GiB. The cache
-  /// is reserved, not touched: pages become resident as blocks are first used.
+  /// Memory of the KV caches (target and draft together), in GiB; on the CPU
+  /// reserved, not touched (pages become resident as blocks are first used).
+  /// 0 ("auto"): per device, a GPU's free memory after the weights loaded less
+  /// kAutoKvMargin (shared by the caches on it), the CPU's kCpuAutoKvGiB.
+  /// Checked against each device's free memory (the CPU's: its RAM).
   double kv_cache_gib = 4.0;
   int64_t kv_capacity_tokens = 0;     ///< KV slots per model; 0: from kv_cache_gib
   std::string dtype = "float32";      ///< weight storage: "float32" or "bfloat16"
@@ -127,10 +135,14 @@ struct EngineConfig {
   bool adaptive = true;
 
   void validate() const;
+  /// The same, against testing.fake_devices (when set) instead of this machine.
+  void validate(const TestingConfig& testing) const;
   /// Fills the automatic fields (max_model_len, kv_capacity_tokens) from the
-  /// models and checks them against the models and this machine's memory.
-  /// `draft` is null in mode "ar". Throws std::invalid_argument naming the field.
+  /// models and checks them against the models and each device's memory;
+  /// call after the weights are on their devices. `draft` is null in mode
+  /// "ar". Throws std::invalid_argument naming the field.
   void resolve(const ModelConfig& target, const ModelConfig* draft);
+  void resolve(const ModelConfig& target, const ModelConfig* draft, const TestingConfig& testing);
   /// Number of KV blocks (call after resolve()).
   int64_t num_kv_blocks() const;
 };
@@ -142,6 +154,25 @@ inline constexpr int64_t kMaxLogprobs = 20;
 
 /// Bytes of KV cache one token takes in a model (fp32 keys and values).
 int64_t kv_bytes_per_token(const ModelConfig& model);
+
+/// kv_cache_gib "auto": the CPU's budget, and the part of a GPU's free memory
+/// left to activations and the ssd draft's tree blocks (which come on top of
+/// the budget): max(1 GiB, 10 % of the device's total).
+inline constexpr double kCpuAutoKvGiB = 4.0;
+inline constexpr double kAutoKvMarginGiB = 1.0;
+inline constexpr double kAutoKvMarginFraction = 0.10;
+
+/// Free and total bytes of one device's memory (0: unknown).
+struct DeviceMemory {
+  int64_t free_bytes = 0;
+  int64_t total_bytes = 0;
+};
+
+/// A machine as the placement and KV budget checks see it.
+struct MachineDevices {
+  DeviceMemory host;               ///< the CPU (free = total: its physical memory)
+  std::vector<DeviceMemory> cuda;  ///< cuda[i] is cuda:i; the size is the number of GPUs
+};
 
 /// Test-only switches, handed to the Engine explicitly (never read from the
 /// environment, never part of EngineConfig). Each changes the engine on purpose.
@@ -191,6 +222,9 @@ struct TestingConfig {
   /// each batch of verification outcomes, as a slow link between the devices
   /// would: a wait no part of the adaptive policy's step model measures.
   int64_t draft_answer_delay_ms = 0;
+  /// Stands in for this machine's devices in EngineConfig::validate and
+  /// resolve, so placements and KV budgets are checked without a GPU.
+  std::optional<MachineDevices> fake_devices;
 };
 
 }  // namespace ssd

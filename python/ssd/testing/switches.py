@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from .devices import FakeDevices
+
 
 @dataclass(frozen=True)
 class TestingConfig:
@@ -54,6 +56,10 @@ class TestingConfig:
     milliseconds before answering each batch of verification outcomes, as a
     slow link between the devices would: a wait that no part of the adaptive
     policy's step model measures, only its measured step times show.
+    fake_devices: an ``ssd.testing.FakeDevices`` that stands in for this
+    machine's devices (how many GPUs, their free memory, the CPU's) in the
+    placement and KV budget checks of ``resolve_engine_config``, so those
+    are tested without a GPU.
     """
 
     __test__ = False  # not a pytest test class despite its name
@@ -70,6 +76,7 @@ class TestingConfig:
     forced_lookahead: tuple[int, ...] = ()
     tree_blocks: int = 0
     draft_answer_delay_ms: int = 0
+    fake_devices: FakeDevices | None = None
 
     def __post_init__(self):
         forced = self.forced_lookahead
@@ -82,6 +89,10 @@ class TestingConfig:
             value = getattr(self, f.name)
             if f.name == "forced_lookahead":
                 continue
+            if f.name == "fake_devices":
+                if value is not None and not isinstance(value, FakeDevices):
+                    raise ValueError(f"testing.fake_devices: expected ssd.testing.FakeDevices, got {value!r}")
+                continue
             if f.type == "int":
                 if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**31:
                     raise ValueError(f"testing.{f.name}: must be an integer in [0, 2**31), got {value!r}")
@@ -91,4 +102,5 @@ class TestingConfig:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["forced_lookahead"] = list(self.forced_lookahead)
+        d["fake_devices"] = None if self.fake_devices is None else self.fake_devices.to_dict()
         return d
