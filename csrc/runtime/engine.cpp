@@ -44,11 +44,11 @@ class Engine::Impl {
   Impl(const EngineConfig& config, std::shared_ptr<model::Model> target, std::vector<int32_t> eos,
        std::shared_ptr<model::Model> draft, const TestingConfig& testing)
       : config_(config), testing_(testing), model_(std::move(target)), eos_(std::move(eos)) {
-    config_.validate();
+    config_.validate(testing_);
     if (!model_) throw std::invalid_argument("target model is null");
     check_placement("target_device", *model_, config_.target_device);
     check_draft(draft.get());
-    config_.resolve(model_->config(), draft ? &draft->config() : nullptr);
+    config_.resolve(model_->config(), draft ? &draft->config() : nullptr, testing_);
     SSD_LOG_INFO("engine: mode " << config_.mode << ", max_model_len " << config_.max_model_len << ", KV cache "
                                  << config_.kv_capacity_tokens << " tokens");
     vocab_ = model_->config().vocab_size;
