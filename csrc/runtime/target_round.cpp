@@ -18,6 +18,46 @@ double uniform(uint64_t seed, int64_t position, RandomPurpose purpose) {
   return kernels::keyed_uniform(seed, static_cast<uint64_t>(position), purpose);
 }
 
+// The round's elementwise passes over whole rows. On a GPU they are ATen
+// ops on the model's stream; on the CPU plain loops on the engine's thread,
+// since ATen's would wake its OpenMP pool beside the engine's own kernel
+// threads (measurably slower decode on a few cores).
+
+/// [rows] bool: whether each row of logits [rows, vocab] holds a NaN; the NaNs
+/// are zeroed in place (infinities kept), so no kernel sees one.
+at::Tensor clean_nan_rows(const at::Tensor& logits) {
+  if (!logits.device().is_cpu()) {
+    at::Tensor flags = at::isnan(logits).any(1);
+    logits.nan_to_num_(0.0, std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity());
+    return flags;
+  }
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  at::Tensor flags = at::zeros({rows}, at::kBool);
+  float* x = logits.data_ptr<float>();
+  bool* f = flags.data_ptr<bool>();
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = x + r * logits.stride(0);
+    for (int64_t v = 0; v < vocab; ++v)
+      if (std::isnan(row[v])) {
+        row[v] = 0.0f;
+        f[r] = true;
+      }
+  }
+  return flags;
+}
+
+/// x [rows, vocab] -> x[index] [index.size(), vocab].
+at::Tensor select_rows(const at::Tensor& x, const std::vector<int64_t>& index, const at::Tensor& device_index) {
+  if (!x.device().is_cpu()) return x.index_select(0, device_index);
+  const int64_t vocab = x.size(1);
+  at::Tensor out = at::empty({static_cast<int64_t>(index.size()), vocab}, x.options());
+  const float* src = x.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  for (size_t i = 0; i < index.size(); ++i)
+    std::copy(src + index[i] * x.stride(0), src + index[i] * x.stride(0) + vocab, dst + static_cast<int64_t>(i) * vocab);
+  return out;
+}
+
 }  // namespace
 
 /// One item as verified: its settings (faults applied) and its proposals.
@@ -103,8 +143,7 @@ std::vector<RoundOutcome> TargetRound::run(const at::Tensor& logits, const std::
   }
   // A NaN row fails its item; the rows are cleaned in place (infinities
   // kept) so that no kernel sees a NaN. The flags come back with the outcome.
-  const at::Tensor row_nan = at::isnan(logits).any(1);
-  logits.nan_to_num_(0.0, std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity());
+  const at::Tensor row_nan = clean_nan_rows(logits);
   const at::Tensor outcome = coupling_.gumbel ? draw_gumbel(logits, rows) : draw_rejection(logits, rows);
   const at::Tensor nan = read(row_nan);
   const at::Tensor h = read(outcome);
@@ -161,7 +200,8 @@ at::Tensor TargetRound::draw_rejection(const at::Tensor& logits, const std::vect
     reads_q = reads_q || (!r.one_hot && r.count() > 0 && temperature[i] > 0);
   }
   model::VerifyBatch v;
-  v.target_logits = logits.index_select(0, upload(index, at::kLong)).view({b, k + 1, vocab_});
+  const bool cpu = logits.device().is_cpu();
+  v.target_logits = select_rows(logits, index, cpu ? at::Tensor() : upload(index, at::kLong)).view({b, k + 1, vocab_});
   v.proposals = upload(proposals, at::kLong).view({b, k});
   v.num_proposals = upload(num, at::kLong);
   if (reads_q) {
