@@ -92,7 +92,9 @@ class CpuBackend final : public Backend {
     at::Tensor y = at::empty({m, w.n}, at::kFloat);
     const float* b = bias.defined() ? bias.data_ptr<float>() : nullptr;
     const float* xp = x.data_ptr<float>();
-    if (ctx.matmul_min_rows > 0 && m >= ctx.matmul_min_rows)
+    // The pair kernels only where the CPU has AVX512-BF16: their lane-by-lane
+    // emulation (kept for the kernel tests) is many times slower than linear.
+    if (ctx.matmul_min_rows > 0 && m >= ctx.matmul_min_rows && kernels::pairs_native())
       kernels::linear_pairs(xp, x.stride(0), pair_weight(w), b, y.data_ptr<float>(), w.n, m, w.n, w.k, ctx.pool);
     else if (w.data.scalar_type() == at::kBFloat16)
       kernels::linear(xp, x.stride(0), bf16_data(w.data), b, y.data_ptr<float>(), w.n, m, w.n, w.k, ctx.pool);

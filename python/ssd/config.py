@@ -79,7 +79,8 @@ class EngineConfig:
     draft_matmul_min_rows:
     draft forwards over at least this many rows (the ssd tree, sd batches)
     use bf16 pair kernels (AVX512-BF16, many rows cost about one); the draft's
-    numerics never change the output law. 0 turns that off.
+    numerics never change the output law. 0 turns that off; so does a CPU
+    without AVX512-BF16, where the fp32 kernels run instead.
 
     Placement (docs/gpu.md): target_device is "cpu", "cuda" or "cuda:N";
     draft_device (sd and ssd; mode ar refuses anything but "cpu") is "cpu",

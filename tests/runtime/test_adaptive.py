@@ -269,13 +269,16 @@ def regime():
 
 @pytest.mark.slow
 def test_measured_steps_price_waits_the_model_cannot_see(regime):
-    """At batch 1 on the constructed pair, trees pay (fixed ssd decodes about 1.5x ar's tokens per second), so the
-    policy builds them. When the draft side answers late (a wait no part of the step model measures) only the
-    measured step times show it, and the policy must settle on autoregressive steps. The delay is six of this
-    machine's tree steps: with a fixed 400 ms, trees (about 2.9 tokens a step) stay the faster kind wherever a step
-    takes over 0.21 s, and there the policy is right to keep them (a CI host ran 21 of 40 steps on trees).
-    Settling takes about a dozen steps (timing, warming, a switch's first steps, the dwell), so the request is
-    long enough that the settled steps are most of it."""
+    """At batch 1 on the constructed pair, trees pay on most hosts (fixed ssd decodes about 1.5x ar's tokens per
+    second), so the policy builds them. When the draft side answers late (a wait no part of the step model
+    measures) only the measured step times show it, and the policy must settle on autoregressive steps. The delay
+    is six of this machine's tree steps: with a fixed 400 ms, trees (about 2.9 tokens a step) stay the faster kind
+    wherever a step takes over 0.21 s, and there the policy is right to keep them (a CI host ran 21 of 40 steps on
+    trees). Where the two models share little memory bandwidth, trees pay less and the policy mixes kinds without
+    the delay (a 2-core EPYC host ran 14 of 30 steps on trees): the undelayed run only has to build trees on a
+    third of its steps, and the delayed run must then leave them. Settling takes about a dozen steps (timing,
+    warming, a switch's first steps, the dwell), so the request is long enough that the settled steps are most
+    of it."""
     pair, chat = regime
 
     def run(delay_ms: int, max_tokens: int) -> tuple[dict, float]:
@@ -287,7 +290,7 @@ def test_measured_steps_price_waits_the_model_cannot_see(regime):
             return llm.stats(), seconds
 
     stats, seconds = run(0, 48)
-    assert stats["adaptive_tree_steps"] > 0.6 * stats["adaptive_steps"]
+    assert stats["adaptive_tree_steps"] > stats["adaptive_steps"] / 3
     assert 0.5 < stats["policy_step_factor"] < 2
     step_ms = 1000 * seconds / stats["adaptive_steps"]
     stats, _ = run(max(400, round(6 * step_ms)), 80)
