@@ -10,10 +10,8 @@
 #include <string>
 #include <unordered_map>
 
-#include "../kernels/cpu/gumbel.h"
-#include "../kernels/cpu/saguaro_sample.h"
-#include "../kernels/cpu/verify.h"
 #include "backend_aten.h"
+#include "round_params.h"
 
 namespace ssd::model {
 
@@ -88,62 +86,21 @@ std::pair<at::Tensor, at::Tensor> Backend::verify(const VerifyBatch& v) const {
                       on_host(v.bonus_uniforms)};
   const int64_t batch = h.target_logits.size(0);
   at::Tensor accepted = at::empty({batch}, at::kLong), bonus = at::empty({batch}, at::kLong);
-  kernels::VerifyParams p;
-  p.target_logits = h.target_logits.data_ptr<float>();
-  p.proposals = h.proposals.data_ptr<int64_t>();
-  p.num_proposals = h.num_proposals.data_ptr<int64_t>();
-  p.q_probs = h.q_probs.defined() ? h.q_probs.data_ptr<float>() : nullptr;
-  p.one_hot = h.one_hot.data_ptr<bool>();
-  p.temperature = h.temperature.data_ptr<double>();
-  p.top_k = h.top_k.data_ptr<int64_t>();
-  p.top_p = h.top_p.data_ptr<double>();
-  p.accept_uniforms = h.accept_uniforms.data_ptr<double>();
-  p.bonus_uniforms = h.bonus_uniforms.data_ptr<double>();
-  p.accepted = accepted.data_ptr<int64_t>();
-  p.bonus = bonus.data_ptr<int64_t>();
-  p.batch = batch;
-  p.k = h.proposals.size(1);
-  p.vocab = h.target_logits.size(2);
-  kernels::verify(p, 0, batch);
+  kernels::verify(verify_params(h, accepted, bonus), 0, batch);
   return {accepted.to(device()), bonus.to(device())};
 }
 
 at::Tensor Backend::process_logits(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k,
                                    const at::Tensor& top_p) const {
-  const at::Tensor x = on_host(logits);
-  const int64_t rows = x.size(0);
-  at::Tensor probs = at::empty_like(x);
-  const at::Tensor t = on_host(temperature), k = on_host(top_k), tp = on_host(top_p);
-  const at::Tensor fanout = at::zeros({rows}, at::kLong);
-  const at::Tensor ones = at::ones({rows}, at::kDouble), zeros = at::zeros({rows}, at::kDouble);
-  at::Tensor tokens = at::empty({rows}, at::kLong);
-  kernels::SaguaroSampleParams p;
-  p.logits = x.data_ptr<float>();
-  p.rows = rows;
-  p.vocab = x.size(1);
-  p.temperature = t.data_ptr<double>();
-  p.top_k = k.data_ptr<int64_t>();
-  p.top_p = tp.data_ptr<double>();
-  p.fanout = fanout.data_ptr<int64_t>();
-  p.downweight = ones.data_ptr<double>();
-  p.uniforms = zeros.data_ptr<double>();
-  p.probs = probs.data_ptr<float>();
-  p.tokens = tokens.data_ptr<int64_t>();
-  kernels::saguaro_sample(p);
-  return probs.to(device());
+  const ProcessLogitsCall call(on_host(logits), on_host(temperature), on_host(top_k), on_host(top_p));
+  kernels::saguaro_sample(call.params());
+  return call.probs.to(device());
 }
 
 at::Tensor Backend::gumbel_sample(const at::Tensor& probs, const at::Tensor& seeds, const at::Tensor& positions) const {
   const at::Tensor x = on_host(probs), s = on_host(seeds), pos = on_host(positions);
   at::Tensor tokens = at::empty({x.size(0)}, at::kLong);
-  kernels::GumbelSampleParams p;
-  p.probs = x.data_ptr<float>();
-  p.seeds = reinterpret_cast<const uint64_t*>(s.data_ptr<int64_t>());
-  p.positions = pos.data_ptr<int64_t>();
-  p.tokens = tokens.data_ptr<int64_t>();
-  p.rows = x.size(0);
-  p.vocab = x.size(1);
-  kernels::gumbel_sample(p);
+  kernels::gumbel_sample(gumbel_params(x, s, pos, tokens));
   return tokens.to(device());
 }
 

@@ -33,6 +33,7 @@
 #include "../kernels/cuda/verify.h"
 #include "backend_aten.h"
 #include "kv_cache.h"
+#include "round_params.h"
 
 namespace ssd::model {
 
@@ -118,22 +119,7 @@ class CudaBackend final : public AtenBackend {
     at::Tensor bonus = at::empty({batch}, v.proposals.options());
     const at::Tensor workspace = at::empty({static_cast<int64_t>(kernels::cuda::verify_workspace_bytes(batch, k))},
                                            v.proposals.options().dtype(at::kByte));
-    kernels::VerifyParams p;
-    p.target_logits = v.target_logits.data_ptr<float>();
-    p.proposals = v.proposals.data_ptr<int64_t>();
-    p.num_proposals = v.num_proposals.data_ptr<int64_t>();
-    p.q_probs = v.q_probs.defined() ? v.q_probs.data_ptr<float>() : nullptr;
-    p.one_hot = v.one_hot.data_ptr<bool>();
-    p.temperature = v.temperature.data_ptr<double>();
-    p.top_k = v.top_k.data_ptr<int64_t>();
-    p.top_p = v.top_p.data_ptr<double>();
-    p.accept_uniforms = v.accept_uniforms.data_ptr<double>();
-    p.bonus_uniforms = v.bonus_uniforms.data_ptr<double>();
-    p.accepted = accepted.data_ptr<int64_t>();
-    p.bonus = bonus.data_ptr<int64_t>();
-    p.batch = batch;
-    p.k = k;
-    p.vocab = v.target_logits.size(2);
+    const kernels::VerifyParams p = verify_params(v, accepted, bonus);
     check_launch(kernels::cuda::verify(p, workspace.data_ptr(), stream()), "verify");
     return {accepted, bonus};
   }
@@ -141,39 +127,16 @@ class CudaBackend final : public AtenBackend {
   at::Tensor process_logits(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k,
                             const at::Tensor& top_p) const override {
     c10::cuda::CUDAGuard guard(device_);
-    const at::Tensor x = logits.contiguous();
-    const int64_t rows = x.size(0);
-    at::Tensor probs = at::empty_like(x);
-    at::Tensor tokens = at::empty({rows}, top_k.options());
-    const at::Tensor fanout = at::zeros({rows}, top_k.options());
-    const at::Tensor ones = at::ones({rows}, temperature.options()), zeros = at::zeros({rows}, temperature.options());
-    kernels::SaguaroSampleParams p;
-    p.logits = x.data_ptr<float>();
-    p.rows = rows;
-    p.vocab = x.size(1);
-    p.temperature = temperature.data_ptr<double>();
-    p.top_k = top_k.data_ptr<int64_t>();
-    p.top_p = top_p.data_ptr<double>();
-    p.fanout = fanout.data_ptr<int64_t>();
-    p.downweight = ones.data_ptr<double>();
-    p.uniforms = zeros.data_ptr<double>();
-    p.probs = probs.data_ptr<float>();
-    p.tokens = tokens.data_ptr<int64_t>();
-    check_launch(kernels::cuda::saguaro_sample(p, stream()), "process_logits");
-    return probs;
+    const ProcessLogitsCall call(logits.contiguous(), temperature, top_k, top_p);
+    check_launch(kernels::cuda::saguaro_sample(call.params(), stream()), "process_logits");
+    return call.probs;
   }
 
   at::Tensor gumbel_sample(const at::Tensor& probs, const at::Tensor& seeds, const at::Tensor& positions) const override {
     c10::cuda::CUDAGuard guard(device_);
     const at::Tensor x = probs.contiguous();
     at::Tensor tokens = at::empty({x.size(0)}, positions.options());
-    kernels::GumbelSampleParams p;
-    p.probs = x.data_ptr<float>();
-    p.seeds = reinterpret_cast<const uint64_t*>(seeds.data_ptr<int64_t>());
-    p.positions = positions.data_ptr<int64_t>();
-    p.tokens = tokens.data_ptr<int64_t>();
-    p.rows = x.size(0);
-    p.vocab = x.size(1);
+    const kernels::GumbelSampleParams p = gumbel_params(x, seeds, positions, tokens);
     check_launch(kernels::cuda::gumbel_sample(p, stream()), "gumbel_sample");
     return tokens;
   }

@@ -1,0 +1,85 @@
+#pragma once
+// The round's kernel parameters filled from tensors, one place for every backend:
+// backend.cpp passes host tensors to the CPU kernels, backend_cuda.cpp device
+// tensors to the CUDA twins. Shapes as in VerifyBatch (backend.h); every tensor
+// given here is contiguous and lives on the device the kernel runs on.
+
+#include <ATen/ATen.h>
+
+#include "../kernels/cpu/gumbel.h"
+#include "../kernels/cpu/saguaro_sample.h"
+#include "../kernels/cpu/verify.h"
+#include "backend.h"
+
+namespace ssd::model {
+
+/// accepted, bonus: [B] i64, written by the kernel.
+inline kernels::VerifyParams verify_params(const VerifyBatch& v, const at::Tensor& accepted, const at::Tensor& bonus) {
+  kernels::VerifyParams p;
+  p.target_logits = v.target_logits.data_ptr<float>();
+  p.proposals = v.proposals.data_ptr<int64_t>();
+  p.num_proposals = v.num_proposals.data_ptr<int64_t>();
+  p.q_probs = v.q_probs.defined() ? v.q_probs.data_ptr<float>() : nullptr;
+  p.one_hot = v.one_hot.data_ptr<bool>();
+  p.temperature = v.temperature.data_ptr<double>();
+  p.top_k = v.top_k.data_ptr<int64_t>();
+  p.top_p = v.top_p.data_ptr<double>();
+  p.accept_uniforms = v.accept_uniforms.data_ptr<double>();
+  p.bonus_uniforms = v.bonus_uniforms.data_ptr<double>();
+  p.accepted = accepted.data_ptr<int64_t>();
+  p.bonus = bonus.data_ptr<int64_t>();
+  p.batch = v.target_logits.size(0);
+  p.k = v.proposals.size(1);
+  p.vocab = v.target_logits.size(2);
+  return p;
+}
+
+/// The tensors of one process_logits call: saguaro_sample with no fanout, so it
+/// writes the processed distribution (temperature, top-k, top-p) of each row and
+/// draws nothing. logits, probs: [rows, V] f32; temperature, top_p: [rows] f64;
+/// top_k: [rows] i64.
+struct ProcessLogitsCall {
+  at::Tensor logits, temperature, top_k, top_p;
+  at::Tensor probs, tokens, fanout, downweight, uniforms;
+
+  ProcessLogitsCall(const at::Tensor& x, const at::Tensor& t, const at::Tensor& k, const at::Tensor& p)
+      : logits(x), temperature(t), top_k(k), top_p(p) {
+    const int64_t rows = x.size(0);
+    probs = at::empty_like(x);
+    tokens = at::empty({rows}, k.options());
+    fanout = at::zeros({rows}, k.options());
+    downweight = at::ones({rows}, t.options());
+    uniforms = at::zeros({rows}, t.options());
+  }
+
+  kernels::SaguaroSampleParams params() const {
+    kernels::SaguaroSampleParams p;
+    p.logits = logits.data_ptr<float>();
+    p.rows = logits.size(0);
+    p.vocab = logits.size(1);
+    p.temperature = temperature.data_ptr<double>();
+    p.top_k = top_k.data_ptr<int64_t>();
+    p.top_p = top_p.data_ptr<double>();
+    p.fanout = fanout.data_ptr<int64_t>();
+    p.downweight = downweight.data_ptr<double>();
+    p.uniforms = uniforms.data_ptr<double>();
+    p.probs = probs.data_ptr<float>();
+    p.tokens = tokens.data_ptr<int64_t>();
+    return p;
+  }
+};
+
+/// probs: [rows, V] f32; seeds, positions, tokens: [rows] i64 (seeds read as u64).
+inline kernels::GumbelSampleParams gumbel_params(const at::Tensor& probs, const at::Tensor& seeds,
+                                                 const at::Tensor& positions, const at::Tensor& tokens) {
+  kernels::GumbelSampleParams p;
+  p.probs = probs.data_ptr<float>();
+  p.seeds = reinterpret_cast<const uint64_t*>(seeds.data_ptr<int64_t>());
+  p.positions = positions.data_ptr<int64_t>();
+  p.tokens = tokens.data_ptr<int64_t>();
+  p.rows = probs.size(0);
+  p.vocab = probs.size(1);
+  return p;
+}
+
+}  // namespace ssd::model
