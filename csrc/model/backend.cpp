@@ -92,7 +92,7 @@ std::pair<at::Tensor, at::Tensor> Backend::verify(const VerifyBatch& v) const {
 
 at::Tensor Backend::process_logits(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k,
                                    const at::Tensor& top_p) const {
-  const ProcessLogitsCall call(on_host(logits), on_host(temperature), on_host(top_k), on_host(top_p));
+  ProcessLogitsCall call(on_host(logits), on_host(temperature), on_host(top_k), on_host(top_p));
   kernels::saguaro_sample(call.params());
   return call.probs.to(device());
 }
@@ -100,7 +100,7 @@ at::Tensor Backend::process_logits(const at::Tensor& logits, const at::Tensor& t
 at::Tensor Backend::gumbel_sample(const at::Tensor& probs, const at::Tensor& seeds, const at::Tensor& positions) const {
   const at::Tensor x = on_host(probs), s = on_host(seeds), pos = on_host(positions);
   at::Tensor tokens = at::empty({x.size(0)}, at::kLong);
-  kernels::gumbel_sample(gumbel_params(x, s, pos, tokens));
+  kernels::gumbel_sample(bindings::gumbel_sample_params(x, s, pos, tokens));
   return tokens.to(device());
 }
 

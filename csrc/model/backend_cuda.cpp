@@ -127,7 +127,7 @@ class CudaBackend final : public AtenBackend {
   at::Tensor process_logits(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k,
                             const at::Tensor& top_p) const override {
     c10::cuda::CUDAGuard guard(device_);
-    const ProcessLogitsCall call(logits.contiguous(), temperature, top_k, top_p);
+    ProcessLogitsCall call(logits.contiguous(), temperature, top_k, top_p);
     check_launch(kernels::cuda::saguaro_sample(call.params(), stream()), "process_logits");
     return call.probs;
   }
@@ -136,7 +136,7 @@ class CudaBackend final : public AtenBackend {
     c10::cuda::CUDAGuard guard(device_);
     const at::Tensor x = probs.contiguous();
     at::Tensor tokens = at::empty({x.size(0)}, positions.options());
-    const kernels::GumbelSampleParams p = gumbel_params(x, seeds, positions, tokens);
+    const kernels::GumbelSampleParams p = bindings::gumbel_sample_params(x, seeds, positions, tokens);
     check_launch(kernels::cuda::gumbel_sample(p, stream()), "gumbel_sample");
     return tokens;
   }

@@ -1,13 +1,14 @@
 #pragma once
-// The round's kernel parameters filled from tensors, one place for every backend:
+// The round's kernel parameters filled from tensors, one place for every backend
+// (gumbel_sample's are the bindings' own, bindings/gumbel_sample_args.h):
 // backend.cpp passes host tensors to the CPU kernels, backend_cuda.cpp device
 // tensors to the CUDA twins. Shapes as in VerifyBatch (backend.h); every tensor
 // given here is contiguous and lives on the device the kernel runs on.
 
 #include <ATen/ATen.h>
 
-#include "../kernels/cpu/gumbel.h"
-#include "../kernels/cpu/saguaro_sample.h"
+#include "../bindings/gumbel_sample_args.h"
+#include "../bindings/saguaro_sample_args.h"
 #include "../kernels/cpu/verify.h"
 #include "backend.h"
 
@@ -52,34 +53,10 @@ struct ProcessLogitsCall {
     uniforms = at::zeros({rows}, t.options());
   }
 
-  kernels::SaguaroSampleParams params() const {
-    kernels::SaguaroSampleParams p;
-    p.logits = logits.data_ptr<float>();
-    p.rows = logits.size(0);
-    p.vocab = logits.size(1);
-    p.temperature = temperature.data_ptr<double>();
-    p.top_k = top_k.data_ptr<int64_t>();
-    p.top_p = top_p.data_ptr<double>();
-    p.fanout = fanout.data_ptr<int64_t>();
-    p.downweight = downweight.data_ptr<double>();
-    p.uniforms = uniforms.data_ptr<double>();
-    p.probs = probs.data_ptr<float>();
-    p.tokens = tokens.data_ptr<int64_t>();
-    return p;
+  kernels::SaguaroSampleParams params() {
+    return bindings::saguaro_sample_params(logits, temperature, top_k, top_p, fanout, downweight, uniforms, probs,
+                                           tokens);
   }
 };
-
-/// probs: [rows, V] f32; seeds, positions, tokens: [rows] i64 (seeds read as u64).
-inline kernels::GumbelSampleParams gumbel_params(const at::Tensor& probs, const at::Tensor& seeds,
-                                                 const at::Tensor& positions, const at::Tensor& tokens) {
-  kernels::GumbelSampleParams p;
-  p.probs = probs.data_ptr<float>();
-  p.seeds = reinterpret_cast<const uint64_t*>(seeds.data_ptr<int64_t>());
-  p.positions = positions.data_ptr<int64_t>();
-  p.tokens = tokens.data_ptr<int64_t>();
-  p.rows = probs.size(0);
-  p.vocab = probs.size(1);
-  return p;
-}
 
 }  // namespace ssd::model
