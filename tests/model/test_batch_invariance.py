@@ -326,9 +326,12 @@ def test_pair_path_rows_are_batch_invariant_and_near_exact(tiny):
             rows[i].append(out[j])
     for i in range(len(seqs)):
         assert torch.equal(torch.stack(rows[i]), ref[i]), f"sequence {i}"
-    # Near the exact path, and not equal to it for fp32 weights (the path really changed).
+    # Near the exact path. With fp32 weights on a CPU whose pair kernels are native
+    # (AVX512-BF16) the rows differ from it (the path really changed); elsewhere the
+    # backend keeps the fp32 linear (it never runs the emulated pair kernels), so the
+    # rows are the exact rows.
     exact = tiny.reference(seqs[0])
     scale = exact.abs().max().item()
     assert (ref[0] - exact).abs().max().item() < 0.05 * scale
     if not tiny.core.bf16:
-        assert not torch.equal(ref[0], exact)
+        assert torch.equal(ref[0], exact) != _C.testing.pairs_native()
