@@ -90,11 +90,24 @@ std::pair<at::Tensor, at::Tensor> Backend::verify(const VerifyBatch& v) const {
   return {accepted.to(device()), bonus.to(device())};
 }
 
+std::pair<at::Tensor, at::Tensor> Backend::saguaro_sample(const at::Tensor& logits, const at::Tensor& temperature,
+                                                          const at::Tensor& top_k, const at::Tensor& top_p,
+                                                          const at::Tensor& fanout, const at::Tensor& downweight,
+                                                          const at::Tensor& uniforms) const {
+  SaguaroSampleCall call(on_host(logits), on_host(temperature), on_host(top_k), on_host(top_p), on_host(fanout),
+                         on_host(downweight), on_host(uniforms));
+  kernels::saguaro_sample(call.params());
+  return {call.probs.to(device()), call.tokens.to(device())};
+}
+
 at::Tensor Backend::process_logits(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k,
                                    const at::Tensor& top_p) const {
-  ProcessLogitsCall call(on_host(logits), on_host(temperature), on_host(top_k), on_host(top_p));
-  kernels::saguaro_sample(call.params());
-  return call.probs.to(device());
+  // No downweighted set (F = 0): sigma is the processed distribution; the
+  // token drawn with u = 0 is not used.
+  const int64_t rows = logits.size(0);
+  return saguaro_sample(logits, temperature, top_k, top_p, at::zeros({rows}, top_k.options()),
+                        at::ones({rows}, temperature.options()), at::zeros({rows}, temperature.options()))
+      .first;
 }
 
 at::Tensor Backend::gumbel_sample(const at::Tensor& probs, const at::Tensor& seeds, const at::Tensor& positions) const {

@@ -158,12 +158,20 @@ class Backend {
   //      kernels/cuda on the cuda backend, queued on the model's stream.
   /// Lossless verification of each row's proposals -> accepted, bonus [B] i64.
   virtual std::pair<at::Tensor, at::Tensor> verify(const VerifyBatch& v) const;
+  /// SAGUARO sampling (kernels::saguaro_sample) of each row of logits [N, V]
+  /// -> probs [N, V] f32 (sigma, the row each token was drawn from) and
+  /// tokens [N] i64. temperature, top_p, downweight, uniforms [N] f64;
+  /// top_k, fanout [N] i64.
+  virtual std::pair<at::Tensor, at::Tensor> saguaro_sample(const at::Tensor& logits, const at::Tensor& temperature,
+                                                           const at::Tensor& top_k, const at::Tensor& top_p,
+                                                           const at::Tensor& fanout, const at::Tensor& downweight,
+                                                           const at::Tensor& uniforms) const;
   /// probs [N, V] f32: the processed distribution of each row of logits
   /// [N, V] (temperature, top-k, top-p; kernels::process_logits), through
   /// saguaro_sample with no downweighted set. temperature, top_p [N] f64,
   /// top_k [N] i64.
-  virtual at::Tensor process_logits(const at::Tensor& logits, const at::Tensor& temperature,
-                                    const at::Tensor& top_k, const at::Tensor& top_p) const;
+  at::Tensor process_logits(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k,
+                            const at::Tensor& top_p) const;
   /// tokens [N] i64: the Gumbel-max draw of each row of probs [N, V] keyed by
   /// seeds [N] (a u64's bits in i64) and positions [N] i64.
   virtual at::Tensor gumbel_sample(const at::Tensor& probs, const at::Tensor& seeds,

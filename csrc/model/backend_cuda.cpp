@@ -124,12 +124,14 @@ class CudaBackend final : public AtenBackend {
     return {accepted, bonus};
   }
 
-  at::Tensor process_logits(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k,
-                            const at::Tensor& top_p) const override {
+  std::pair<at::Tensor, at::Tensor> saguaro_sample(const at::Tensor& logits, const at::Tensor& temperature,
+                                                   const at::Tensor& top_k, const at::Tensor& top_p,
+                                                   const at::Tensor& fanout, const at::Tensor& downweight,
+                                                   const at::Tensor& uniforms) const override {
     c10::cuda::CUDAGuard guard(device_);
-    ProcessLogitsCall call(logits.contiguous(), temperature, top_k, top_p);
-    check_launch(kernels::cuda::saguaro_sample(call.params(), stream()), "process_logits");
-    return call.probs;
+    SaguaroSampleCall call(logits.contiguous(), temperature, top_k, top_p, fanout, downweight, uniforms);
+    check_launch(kernels::cuda::saguaro_sample(call.params(), stream()), "saguaro_sample");
+    return {call.probs, call.tokens};
   }
 
   at::Tensor gumbel_sample(const at::Tensor& probs, const at::Tensor& seeds, const at::Tensor& positions) const override {

@@ -35,22 +35,18 @@ inline kernels::VerifyParams verify_params(const VerifyBatch& v, const at::Tenso
   return p;
 }
 
-/// The tensors of one process_logits call: saguaro_sample with no fanout, so it
-/// writes the processed distribution (temperature, top-k, top-p) of each row and
-/// draws nothing. logits, probs: [rows, V] f32; temperature, top_p: [rows] f64;
-/// top_k: [rows] i64.
-struct ProcessLogitsCall {
-  at::Tensor logits, temperature, top_k, top_p;
-  at::Tensor probs, tokens, fanout, downweight, uniforms;
+/// The tensors of one saguaro_sample call (Backend::saguaro_sample): logits,
+/// probs [rows, V] f32; temperature, top_p, downweight, uniforms [rows] f64;
+/// top_k, fanout, tokens [rows] i64. probs and tokens are allocated here.
+struct SaguaroSampleCall {
+  at::Tensor logits, temperature, top_k, top_p, fanout, downweight, uniforms;
+  at::Tensor probs, tokens;
 
-  ProcessLogitsCall(const at::Tensor& x, const at::Tensor& t, const at::Tensor& k, const at::Tensor& p)
-      : logits(x), temperature(t), top_k(k), top_p(p) {
-    const int64_t rows = x.size(0);
+  SaguaroSampleCall(const at::Tensor& x, const at::Tensor& t, const at::Tensor& k, const at::Tensor& p,
+                    const at::Tensor& f, const at::Tensor& c, const at::Tensor& u)
+      : logits(x), temperature(t), top_k(k), top_p(p), fanout(f), downweight(c), uniforms(u) {
     probs = at::empty_like(x);
-    tokens = at::empty({rows}, k.options());
-    fanout = at::zeros({rows}, k.options());
-    downweight = at::ones({rows}, t.options());
-    uniforms = at::zeros({rows}, t.options());
+    tokens = at::empty({x.size(0)}, k.options());
   }
 
   kernels::SaguaroSampleParams params() {

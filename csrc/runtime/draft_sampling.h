@@ -11,6 +11,8 @@
 #include "../kernels/cpu/gumbel.h"
 #include "../kernels/cpu/sampling.h"
 #include "../kernels/cpu/saguaro_sample.h"
+#include "../model/backend.h"
+#include "device_io.h"
 #include "ssd/config.h"
 
 namespace ssd::runtime {
@@ -60,6 +62,21 @@ struct DraftRows {
     for (int64_t r = 0; r < n; ++r)
       if (temperature[r] > 0.0)
         tokens[r] = kernels::gumbel_argmax(probs.data() + r * vocab, vocab, seeds[r], static_cast<uint64_t>(positions[r]));
+  }
+
+  /// The same draw on the backend's device, from logits [rows, vocab] there:
+  /// returns the rows sampled from (q) [rows, vocab], left there; only the
+  /// tokens come to the host (through `reads`). Under the Gumbel coupling a
+  /// greedy row's sigma is one-hot, so its Gumbel-max draw is its argmax, as
+  /// above. The caller holds the backend's forward_scope.
+  at::Tensor sample_on(const model::Backend& be, const at::Tensor& logits, HostReads& reads) {
+    auto [q, drawn] = be.saguaro_sample(logits, upload(be, temperature, at::kDouble), upload(be, top_k, at::kLong),
+                                        upload(be, top_p, at::kDouble), upload(be, fanout, at::kLong),
+                                        upload(be, downweight, at::kDouble), upload(be, uniforms, at::kDouble));
+    if (gumbel) drawn = be.gumbel_sample(q, upload(be, seeds, at::kLong), upload(be, positions, at::kLong));
+    const at::Tensor host = reads.read(drawn);
+    tokens.assign(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+    return q;
   }
 };
 

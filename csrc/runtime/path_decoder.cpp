@@ -130,6 +130,7 @@ void PathDecoder::decode(std::vector<DraftPath>& paths, const std::vector<int64_
     const auto t0 = std::chrono::steady_clock::now();
     const StepBatch batch = gather(paths, step, purpose);
     const at::Tensor logits = model_.forward(batch.in, kv_, pool_);
+    host_bytes_ += static_cast<int64_t>(logits.nbytes());
     const int64_t sampled = take_rows(batch, logits.data_ptr<float>(), step, fanout, ranking);
     if (purpose == DraftForwards::kBranches && sampled > 0)
       planner_.observe_tree_step(sampled, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

@@ -6,6 +6,7 @@
 // tokens: the next tree's fork candidates there.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -77,6 +78,8 @@ class PathDecoder {
   /// Feeds every path and samples its tokens, all paths batched per step.
   /// fanout: F_0..F_K of this round, for SAGUARO sampling and list depth.
   void decode(std::vector<DraftPath>& paths, const std::vector<int64_t>& fanout, DraftForwards purpose);
+  /// Bytes of logit rows the forwards have read to the host so far (any thread).
+  int64_t host_bytes() const { return host_bytes_.load(std::memory_order_relaxed); }
 
  private:
   struct Ranking {
@@ -105,6 +108,7 @@ class PathDecoder {
   bool confidence_;
   bool gumbel_;
   std::vector<float> q_;  // rank_row's processed row
+  std::atomic<int64_t> host_bytes_{0};
   kernels::LogitsScratch scratch_;
 };
 

@@ -1,5 +1,7 @@
 #include "sd_drafter.h"
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <stdexcept>
 
@@ -51,16 +53,26 @@ model::ForwardInput SdDrafter::step_input(const std::vector<Sequence*>& seqs, co
 }
 
 void SdDrafter::sample(const std::vector<Sequence*>& seqs, const std::vector<int64_t>& rows,
-                     const at::Tensor& logits, int64_t step, DraftBatch& batch) {
+                       const at::Tensor& logits, int64_t step, DraftBatch& batch) {
   const int64_t vocab = model_->config().vocab_size;
+  const model::Backend& be = model_->backend();
   DraftRows draw(vocab, gumbel_);
   for (int64_t b : rows) draw.add(seqs[b]->params, seqs[b]->seed, seqs[b]->len() + step, 0, 1.0);
-  draw.sample(logits.data_ptr<float>());
+  const at::Tensor q = draw.sample_on(be, logits, reads_);  // [rows, vocab] on the device
+  std::vector<int64_t> slots;
   for (size_t r = 0; r < rows.size(); ++r) {
-    const int64_t slot = rows[r] * batch.slots + step;
-    batch.tokens[slot] = draw.tokens[r];
-    std::copy(draw.probs.begin() + r * vocab, draw.probs.begin() + (r + 1) * vocab, batch.q.begin() + slot * vocab);
+    slots.push_back(rows[r] * batch.slots + step);
+    batch.tokens[slots.back()] = draw.tokens[r];
   }
+  if (!q.device().is_cpu()) {
+    batch.q.view({-1, vocab}).index_copy_(0, upload(be, slots, at::kLong), q);
+    return;
+  }
+  // On the CPU a plain copy: ATen's would wake its thread pool beside the draft's own.
+  const float* src = q.data_ptr<float>();
+  float* dst = batch.q.data_ptr<float>();
+  for (size_t r = 0; r < slots.size(); ++r)
+    std::copy(src + static_cast<int64_t>(r) * vocab, src + static_cast<int64_t>(r + 1) * vocab, dst + slots[r] * vocab);
 }
 
 DraftBatch SdDrafter::draft(const std::vector<Sequence*>& seqs, const std::vector<int64_t>& counts) {
@@ -68,13 +80,23 @@ DraftBatch SdDrafter::draft(const std::vector<Sequence*>& seqs, const std::vecto
   batch.counts = counts;
   batch.slots = counts.empty() ? 0 : *std::max_element(counts.begin(), counts.end());
   const int64_t vocab = model_->config().vocab_size;
+  const model::Backend& be = model_->backend();
+  // The draft's stream for the draws and the rows, as for its forwards.
+  const auto scope = be.forward_scope();
   batch.tokens.assign(seqs.size() * static_cast<size_t>(batch.slots), 0);
-  batch.q.assign(seqs.size() * static_cast<size_t>(batch.slots * vocab), 0.0f);
-  std::vector<int64_t> rows;
+  const auto b = static_cast<int64_t>(seqs.size());
+  const at::TensorOptions rows = at::TensorOptions().dtype(at::kFloat).device(be.device());
+  if (be.device().is_cpu()) {
+    batch.q = at::empty({b, batch.slots, vocab}, rows);
+    std::fill_n(batch.q.data_ptr<float>(), batch.q.numel(), 0.0f);
+  } else {
+    batch.q = at::zeros({b, batch.slots, vocab}, rows);
+  }
+  std::vector<int64_t> drafted;
   for (int64_t step = 0; step < batch.slots; ++step) {
-    const model::ForwardInput in = step_input(seqs, batch, step, rows);
-    const at::Tensor logits = model_->forward(in, *cache_, *pool_);
-    sample(seqs, rows, logits, step, batch);
+    const model::ForwardInput in = step_input(seqs, batch, step, drafted);
+    const at::Tensor logits = model_->forward_device(in, *cache_, *pool_);
+    sample(seqs, drafted, logits, step, batch);
   }
   return batch;
 }

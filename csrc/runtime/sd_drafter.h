@@ -2,7 +2,10 @@
 // engine thread before each verify. For each sequence it catches up on the
 // tokens it has not seen and drafts up to K tokens, keeping the exact rows it
 // sampled from (the verifier uses them as q; they are never recomputed). The
-// draft's KV state of each sequence lives here, not in the Sequence.
+// draws run on the draft's device (backend.h's saguaro_sample and
+// gumbel_sample) and the rows stay there; only the tokens come to the host,
+// where the next step's input is built. The draft's KV state of each
+// sequence lives here, not in the Sequence.
 #pragma once
 
 #include <map>
@@ -12,6 +15,7 @@
 #include "../kernels/cpu/thread_pool.h"
 #include "../model/kv_cache.h"
 #include "../model/model.h"
+#include "device_io.h"
 #include "scheduler.h"
 
 namespace ssd::runtime {
@@ -19,8 +23,8 @@ namespace ssd::runtime {
 struct DraftBatch {
   int64_t slots = 0;            ///< proposal slots per row (the largest count)
   std::vector<int64_t> counts;  ///< [B] proposals actually drafted per row
-  std::vector<int64_t> tokens;  ///< [B, slots]
-  std::vector<float> q;         ///< [B, slots, vocab]
+  std::vector<int64_t> tokens;  ///< [B, slots], on the host
+  at::Tensor q;                 ///< [B, slots, vocab] f32 on the draft's device (a row per drafted slot)
 };
 
 class SdDrafter {
@@ -41,6 +45,9 @@ class SdDrafter {
   /// Frees the sequence's draft KV (it finished or was preempted).
   void release(RequestId id);
 
+  /// Bytes the draws have read from the draft's device to the host so far.
+  int64_t host_bytes() const { return reads_.bytes(); }
+
  private:
   struct DraftKv {
     model::BlockTable table;
@@ -58,6 +65,7 @@ class SdDrafter {
   std::unique_ptr<kernels::ThreadPool> pool_;
   int64_t matmul_min_rows_;
   bool gumbel_;
+  HostReads reads_;
 };
 
 }  // namespace ssd::runtime

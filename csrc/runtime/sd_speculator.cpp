@@ -51,7 +51,7 @@ std::vector<DraftFailure> SdSpeculator::propose(std::vector<ScheduledChunk>& chu
     if (!chunks[i].speculative) continue;
     const auto first = drafts_.tokens.begin() + static_cast<int64_t>(b) * drafts_.slots;
     proposals[i].tokens.assign(first, first + drafts_.counts[b]);
-    proposals[i].q = drafts_.q.data() + static_cast<int64_t>(b) * drafts_.slots * vocab_;
+    proposals[i].q = drafts_.q[static_cast<int64_t>(b)];  // [slots, vocab] on the draft's device
     ++b;
   }
   return {};

@@ -18,7 +18,10 @@ class SdSpeculator final : public Speculator {
                 double verify_seconds) override;
   void release(Sequence* seq, bool finished) override;
   /// Its drafting time (draft_round_seconds per drafting call, draft_forwards).
-  void stats(EngineStats& s) const override { s.draft = counters_; }
+  void stats(EngineStats& s) const override {
+    s.draft = counters_;
+    s.draft.draft_host_bytes = drafter_.host_bytes();
+  }
 
  private:
   SdDrafter drafter_;

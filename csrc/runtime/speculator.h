@@ -23,7 +23,10 @@ enum class CacheLookup { kNone, kHit, kNeuralFallback, kFastFallback };
 /// The proposals one speculative chunk verifies this round.
 struct Proposal {
   std::vector<int64_t> tokens;  ///< the proposals verified (at most the chunk's draft_tokens)
-  const float* q = nullptr;     ///< [tokens.size(), vocab] exact rows drawn from; unused when one_hot
+  /// [>= tokens.size(), vocab] f32: the exact rows the proposals were drawn
+  /// from (row i: proposal i), on the draft's device (host memory for drafts
+  /// made on the CPU); undefined when one_hot.
+  at::Tensor q;
   bool one_hot = false;         ///< q is the one-hot of each token (the n-gram fallback)
   CacheLookup lookup = CacheLookup::kNone;  ///< ssd rounds after a sequence's first
 };

@@ -141,6 +141,7 @@ bool SsdDraftWorker::settled(std::string& why) const {
 void SsdDraftWorker::stats(DraftCounters& counters, DraftGauges& gauges) const {
   std::lock_guard<std::mutex> lock(mu_);
   counters = counters_;
+  counters.draft_host_bytes = decoder_.host_bytes();
   gauges = gauges_;
 }
 

@@ -1,5 +1,7 @@
 #include "ssd_speculator.h"
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <chrono>
 
@@ -103,9 +105,12 @@ std::vector<DraftFailure> SsdSpeculator::propose(std::vector<ScheduledChunk>& ch
       const auto drafted = static_cast<int64_t>(spec.tokens.size());
       const auto count = std::min<int64_t>(c.draft_tokens, drafted);
       p.tokens.assign(spec.tokens.begin(), spec.tokens.begin() + count);
-      p.q = spec.q.empty() ? nullptr : spec.q.data();
-      if (fault_truncated_q_ && p.q != nullptr)
-        p.q += (drafted - count) * static_cast<int64_t>(spec.q.size() / spec.tokens.size());
+      if (!spec.q.empty()) {
+        // Host rows (the worker ranks its trees there): a view, valid until the next propose.
+        const int64_t vocab = static_cast<int64_t>(spec.q.size()) / drafted;
+        p.q = at::from_blob(const_cast<float*>(spec.q.data()), {drafted, vocab}, at::kFloat);
+        if (fault_truncated_q_) p.q = p.q.narrow(0, drafted - count, count);
+      }
       p.one_hot = spec.one_hot;
       p.lookup = lookup_of(spec.source);
     }

@@ -66,7 +66,7 @@ struct TargetRound::Row {
   SamplingParams params;         ///< the settings its draws use
   int64_t key = 0;               ///< position keying the draw of its first row
   std::vector<int64_t> tokens;   ///< the proposals verified
-  const float* q = nullptr;      ///< [tokens, vocab] rows drawn from, or null
+  at::Tensor q;                  ///< [>= tokens, vocab] rows drawn from (the draft's device), or undefined
   bool one_hot = false;
   bool drawn = false;            ///< no proposal: a prefill's token
   int64_t first_row = 0;
@@ -77,20 +77,6 @@ struct TargetRound::Row {
 TargetRound::TargetRound(const model::Backend& backend, int64_t vocab, const TestingConfig& testing,
                          const Coupling& coupling)
     : backend_(backend), vocab_(vocab), testing_(testing), coupling_(coupling) {}
-
-template <class T>
-at::Tensor TargetRound::upload(const std::vector<T>& values, at::ScalarType dtype) const {
-  const bool cpu = backend_.device().is_cpu();
-  at::Tensor host = at::empty({static_cast<int64_t>(values.size())}, at::TensorOptions().dtype(dtype).pinned_memory(!cpu));
-  std::copy(values.begin(), values.end(), static_cast<T*>(host.data_ptr()));
-  return cpu ? host : host.to(backend_.device(), dtype, /*non_blocking=*/true);
-}
-
-at::Tensor TargetRound::read(const at::Tensor& t) {
-  at::Tensor host = t.to(at::kCPU).contiguous();
-  host_bytes_ += static_cast<int64_t>(host.nbytes());
-  return host;
-}
 
 TargetRound::Row TargetRound::prepare(const RoundItem& item) {
   Row r;
@@ -125,9 +111,11 @@ int64_t TargetRound::peek(const at::Tensor& logits, const RoundItem& item, const
                                                    upload(std::vector<int64_t>(n, params.top_k), at::kLong),
                                                    upload(std::vector<double>(n, params.top_p), at::kDouble));
   const at::Tensor px = read(probs.gather(1, upload(p.tokens, at::kLong).unsqueeze(1)).squeeze(1));
+  const at::Tensor q = p.q.narrow(0, 0, n).to(at::kCPU).contiguous();  // a testing fault: not counted
   const float* pv = px.data_ptr<float>();
+  const float* qv = q.data_ptr<float>();
   int64_t keep = 0;
-  while (keep < n && !(pv[keep] < p.q[keep * vocab_ + p.tokens[keep]])) ++keep;
+  while (keep < n && !(pv[keep] < qv[keep * vocab_ + p.tokens[keep]])) ++keep;
   return keep;
 }
 
@@ -137,7 +125,7 @@ std::vector<RoundOutcome> TargetRound::run(const at::Tensor& logits, const std::
   std::vector<Row> rows;
   for (const RoundItem& item : items) {
     Row r = prepare(item);
-    if (testing_.fault_peek_target && !r.drawn && !r.one_hot && r.q != nullptr && r.params.temperature > 0)
+    if (testing_.fault_peek_target && !r.drawn && !r.one_hot && r.q.defined() && r.params.temperature > 0)
       r.tokens.resize(static_cast<size_t>(peek(logits, item, r.params)));
     rows.push_back(std::move(r));
   }
@@ -204,14 +192,7 @@ at::Tensor TargetRound::draw_rejection(const at::Tensor& logits, const std::vect
   v.target_logits = select_rows(logits, index, cpu ? at::Tensor() : upload(index, at::kLong)).view({b, k + 1, vocab_});
   v.proposals = upload(proposals, at::kLong).view({b, k});
   v.num_proposals = upload(num, at::kLong);
-  if (reads_q) {
-    // The draft's rows cross once, only where the coupling reads them.
-    std::vector<float> q(static_cast<size_t>(b * k * vocab_), 0.0f);
-    for (int64_t i = 0; i < b; ++i)
-      if (!rows[i].one_hot && rows[i].q != nullptr)
-        std::copy(rows[i].q, rows[i].q + rows[i].count() * vocab_, q.begin() + i * k * vocab_);
-    v.q_probs = upload(q, at::kFloat).view({b, k, vocab_});
-  }
+  if (reads_q) v.q_probs = gather_q(rows, k);
   v.one_hot = upload(one_hot, at::kBool);
   v.temperature = upload(temperature, at::kDouble);
   v.top_k = upload(top_k, at::kLong);
@@ -220,6 +201,33 @@ at::Tensor TargetRound::draw_rejection(const at::Tensor& logits, const std::vect
   v.bonus_uniforms = upload(bonus_u, at::kDouble);
   const auto [accepted, bonus] = backend_.verify(v);
   return at::cat({accepted, bonus});  // [2B]: accepted, then bonus
+}
+
+at::Tensor TargetRound::gather_q(const std::vector<Row>& rows, int64_t k) const {
+  const auto b = static_cast<int64_t>(rows.size());
+  const at::Device device = backend_.device();
+  at::Tensor q = at::empty({b, k, vocab_}, at::TensorOptions().dtype(at::kFloat).device(device));
+  if (!device.is_cpu()) {
+    // Device to device (a peer copy when the draft has its own GPU; from the
+    // host when the draft's rows are there), on the target's stream.
+    q.zero_();
+    for (int64_t i = 0; i < b; ++i) {
+      const Row& r = rows[i];
+      if (r.one_hot || !r.q.defined() || r.count() == 0) continue;
+      q[i].narrow(0, 0, r.count()).copy_(r.q.narrow(0, 0, r.count()), /*non_blocking=*/true);
+    }
+    return q;
+  }
+  // On the CPU plain copies (see clean_nan_rows).
+  float* dst = q.data_ptr<float>();
+  std::fill_n(dst, q.numel(), 0.0f);
+  for (int64_t i = 0; i < b; ++i) {
+    const Row& r = rows[i];
+    if (r.one_hot || !r.q.defined() || r.count() == 0) continue;
+    const at::Tensor src = r.q.narrow(0, 0, r.count()).to(at::kCPU).contiguous();
+    std::copy_n(src.data_ptr<float>(), src.numel(), dst + i * k * vocab_);
+  }
+  return q;
 }
 
 at::Tensor TargetRound::draw_gumbel(const at::Tensor& logits, const std::vector<Row>& rows) {

@@ -22,6 +22,7 @@
 
 #include "../model/backend.h"
 #include "coupling.h"
+#include "device_io.h"
 #include "scheduler.h"
 #include "speculator.h"
 #include "ssd/config.h"
@@ -58,7 +59,7 @@ class TargetRound {
   std::vector<RoundOutcome> run(const at::Tensor& logits, const std::vector<RoundItem>& items);
 
   /// Bytes the rounds have read from the device to the host so far.
-  int64_t host_bytes() const { return host_bytes_; }
+  int64_t host_bytes() const { return reads_.bytes(); }
 
  private:
   struct Row;  // one item's settings and proposals as verified
@@ -68,22 +69,24 @@ class TargetRound {
   static int64_t item_rows(const RoundItem& item);
   /// accepted [B] then bonus [B] of one verify step, on the device.
   at::Tensor draw_rejection(const at::Tensor& logits, const std::vector<Row>& rows);
+  /// The rows' q [B, k, vocab] on the target's device (zero past each row's proposals).
+  at::Tensor gather_q(const std::vector<Row>& rows, int64_t k) const;
   /// The target's Gumbel-max draw of every row of the forward [rows], on the device.
   at::Tensor draw_gumbel(const at::Tensor& logits, const std::vector<Row>& rows);
   void report_logprobs(const at::Tensor& logits, const std::vector<RoundItem>& items, std::vector<RoundOutcome>& out);
   /// The proposals fault_peek_target keeps: those whose p(x) >= q(x).
   int64_t peek(const at::Tensor& logits, const RoundItem& item, const SamplingParams& params);
-  /// A host vector as a tensor on the device (pinned, asynchronous on a GPU).
   template <class T>
-  at::Tensor upload(const std::vector<T>& values, at::ScalarType dtype) const;
-  /// A device tensor read back to the host, its bytes counted.
-  at::Tensor read(const at::Tensor& t);
+  at::Tensor upload(const std::vector<T>& values, at::ScalarType dtype) const {
+    return runtime::upload(backend_, values, dtype);
+  }
+  at::Tensor read(const at::Tensor& t) { return reads_.read(t); }
 
   const model::Backend& backend_;
   int64_t vocab_;
   TestingConfig testing_;
   Coupling coupling_;
-  int64_t host_bytes_ = 0;
+  HostReads reads_;
   bool has_first_ = false;  // fault_batch_top_kp: the first request's settings are taken
   SamplingParams first_;
 };

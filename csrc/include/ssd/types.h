@@ -155,11 +155,16 @@ struct DraftCounters {
   int64_t neural_fallback_batches = 0;   ///< fallback passes of the neural kind
   double neural_fallback_seconds = 0.0;  ///< ... and their time
   int64_t draft_forwards = 0;     ///< sd: draft forwards (one per drafted position of a batch)
+  /// Bytes the draft's sampling read from its device to the host (sd: the
+  /// drawn tokens; ssd: the logit rows its trees and fallbacks still rank
+  /// on the host).
+  int64_t draft_host_bytes = 0;
 
   template <class F>
   static void fields(F&& f) {
     f("draft_rounds", &DraftCounters::draft_rounds);
     f("draft_forwards", &DraftCounters::draft_forwards);
+    f("draft_host_bytes", &DraftCounters::draft_host_bytes);
     f("neural_fallback_batches", &DraftCounters::neural_fallback_batches);
     f("neural_fallback_seconds", &DraftCounters::neural_fallback_seconds);
     f("tree_branches", &DraftCounters::tree_branches);
