@@ -2,12 +2,16 @@
 Python in its process) and generates with the core Engine, token for token
 what ``ssd.LLM`` generates for the same token ids and settings.
 
-The program is built from this checkout with CMake into build/cpp (kept
-between runs, so later runs only relink what changed), with the settings
-setup.py builds the extension with, so both run identically compiled kernels.
+The program is built from this checkout with the settings setup.py builds the
+extension with, so both run identically compiled kernels: in setup.py's own
+build folder when it holds a build for this Python and torch (the core's
+objects are there already, so only the program compiles and links), else
+configured into build/cpp (kept between runs, so later runs only relink what
+changed).
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -34,9 +38,36 @@ FLAGS = {"max_tokens": "--max-tokens", "temperature": "--temperature", "top_k": 
          "top_p": "--top-p", "seed": "--seed"}
 
 
+def extension_build() -> tuple[Path, str] | None:
+    """setup.py's build folder for this Python and torch and the cmake that
+    configured it, when it holds a configured build (setup.py's own rules: its
+    folder name, and a cache not configured for another Python or torch)."""
+    spec = importlib.util.spec_from_file_location("ssd_setup", REPO / "setup.py")
+    setup = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(setup)
+    folder = Path(os.environ.get("SSD_BUILD_DIR") or
+                  REPO / "build" / setup.build_dir_name(setup.python_tag(), setup.torch_version()))
+    cache = folder / "CMakeCache.txt"
+    if not cache.is_file() or not (folder / "build.ninja").is_file():
+        return None
+    text = cache.read_text(errors="replace")
+    cmake = setup.cache_entry(text, "CMAKE_COMMAND")
+    if setup.cache_entry(text, "Python_EXECUTABLE") != sys.executable or not cmake or not Path(cmake).is_file():
+        return None
+    return None if setup.needs_fresh(text, sys.executable, setup.torch_cmake_dir()) else (folder, cmake)
+
+
 @pytest.fixture(scope="session")
 def program() -> Path:
     """Builds (or brings up to date) the ssd_generate binary."""
+    found = extension_build()
+    if found is not None:
+        folder, cmake = found
+        build = [cmake, "--build", str(folder), "--target", "ssd_generate"]
+        proc = subprocess.run(build, capture_output=True, text=True, timeout=900)
+        if proc.returncode != 0:
+            pytest.fail(f"{' '.join(build)} failed:\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}")
+        return folder / "ssd_generate"
     cuda = os.environ.get("SSD_CUDA", "auto")
     native = "OFF" if os.environ.get("SSD_NATIVE", "1") == "0" else "ON"
     configure = ["cmake", "-S", str(REPO), "-B", str(BUILD_DIR), "-G", "Ninja",

@@ -156,7 +156,11 @@ def test_broken_peek_at_target_logits_fails_the_law_test(small_pair):
 @pytest.mark.parametrize("mode,adaptive,forced", [("ssd", False, ()), ("ssd", True, FORCED_32),
                                                   ("sd", True, FORCED_32)])
 def test_law_at_k32(small_pair, mode, adaptive, forced):
-    outs, stats, laws = law_run(small_pair, mode, (1.0, 0, 1.0), k=32, forced=forced, adaptive=adaptive)
+    # Half the samples of the k = 2 cases (power 0.9 against a total variation
+    # of about 0.014 rather than 0.01): a k = 32 round costs several k = 2 ones,
+    # and what these cases add (lookaheads far past the 7 tokens generated)
+    # breaks the law by far more when it breaks it.
+    outs, stats, laws = law_run(small_pair, mode, (1.0, 0, 1.0), k=32, forced=forced, adaptive=adaptive, fraction=2)
     assert stats["draft_tokens_proposed"] > 0
     if mode == "ssd":
         assert stats["cache_hits"] > 0
