@@ -123,13 +123,14 @@ def test_speculative_rounds_read_no_rows(pair, mode):
     assert stats["round_host_bytes_per_step"] < 256 * 4  # one logit row
 
 
-def test_sd_draft_reads_back_only_its_tokens(pair):
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_sd_draft_reads_back_only_its_tokens(pair, placement):
     """sd's draws run on the draft's device: each draft forward reads back one
     token (8 bytes) per drafting sequence; its q rows (256 floats each) stay
     there and go to the target's device from there."""
     target, draft = pair
-    want, _, _ = run(target, greedy(32), prompts(6, seed=3))
-    got, stats, _ = run(target, greedy(32), prompts(6, seed=3), draft=draft, max_batch=6, **MODES["sd"], **ATEN)
+    want, _, _ = run(target, greedy(32), prompts(6, seed=3), **target_only(placement))
+    got, stats, _ = run(target, greedy(32), prompts(6, seed=3), draft=draft, max_batch=6, **MODES["sd"], **placement)
     assert got == want
     assert stats["draft_forwards"] > 0
     assert 0 < stats["draft_host_bytes"] <= 8 * 6 * stats["draft_forwards"]
