@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -25,18 +26,19 @@ at::Tensor upload(const model::Backend& backend, const std::vector<T>& values, a
   return cpu ? host : host.to(backend.device(), dtype, /*non_blocking=*/true);
 }
 
-/// Device tensors read back to the host, their bytes counted.
+/// Device tensors read back to the host, their bytes counted (read by one
+/// thread; bytes() from any, as stats() does).
 class HostReads {
  public:
   at::Tensor read(const at::Tensor& t) {
     at::Tensor host = t.to(at::kCPU).contiguous();
-    bytes_ += static_cast<int64_t>(host.nbytes());
+    bytes_.fetch_add(static_cast<int64_t>(host.nbytes()), std::memory_order_relaxed);
     return host;
   }
-  int64_t bytes() const { return bytes_; }
+  int64_t bytes() const { return bytes_.load(std::memory_order_relaxed); }
 
  private:
-  int64_t bytes_ = 0;
+  std::atomic<int64_t> bytes_{0};
 };
 
 }  // namespace ssd::runtime
