@@ -67,13 +67,14 @@ inline VerifyInputs contiguous_verify_inputs(
 }
 
 /// Params over `in` (host or device pointers alike), writing accepted / bonus [B].
+/// An undefined q_probs (no row reads it: the engine's round) gives a null pointer.
 inline kernels::VerifyParams verify_params(const VerifyDims& d, const VerifyInputs& in,
-                                           at::Tensor& accepted, at::Tensor& bonus) {
+                                           const at::Tensor& accepted, const at::Tensor& bonus) {
   kernels::VerifyParams p;
   p.target_logits = in.logits.data_ptr<float>();
   p.proposals = in.proposals.data_ptr<int64_t>();
   p.num_proposals = in.num_proposals.data_ptr<int64_t>();
-  p.q_probs = in.q_probs.data_ptr<float>();
+  p.q_probs = in.q_probs.defined() ? in.q_probs.data_ptr<float>() : nullptr;
   p.one_hot = in.one_hot.data_ptr<bool>();
   p.temperature = in.temperature.data_ptr<double>();
   p.top_k = in.top_k.data_ptr<int64_t>();

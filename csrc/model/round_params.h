@@ -1,6 +1,6 @@
 #pragma once
-// The round's kernel parameters filled from tensors, one place for every backend
-// (gumbel_sample's are the bindings' own, bindings/gumbel_sample_args.h):
+// The round's kernel parameters filled from tensors, one place for every backend,
+// through the bindings' own fillers (bindings/*_args.h, verify_checks.h):
 // backend.cpp passes host tensors to the CPU kernels, backend_cuda.cpp device
 // tensors to the CUDA twins. Shapes as in VerifyBatch (backend.h); every tensor
 // given here is contiguous and lives on the device the kernel runs on.
@@ -9,30 +9,18 @@
 
 #include "../bindings/gumbel_sample_args.h"
 #include "../bindings/saguaro_sample_args.h"
-#include "../kernels/cpu/verify.h"
+#include "../bindings/verify_checks.h"
 #include "backend.h"
 
 namespace ssd::model {
 
-/// accepted, bonus: [B] i64, written by the kernel.
+/// accepted, bonus: [B] i64, written by the kernel. The bindings' own filler
+/// (bindings/verify_checks.h) over the batch's tensors.
 inline kernels::VerifyParams verify_params(const VerifyBatch& v, const at::Tensor& accepted, const at::Tensor& bonus) {
-  kernels::VerifyParams p;
-  p.target_logits = v.target_logits.data_ptr<float>();
-  p.proposals = v.proposals.data_ptr<int64_t>();
-  p.num_proposals = v.num_proposals.data_ptr<int64_t>();
-  p.q_probs = v.q_probs.defined() ? v.q_probs.data_ptr<float>() : nullptr;
-  p.one_hot = v.one_hot.data_ptr<bool>();
-  p.temperature = v.temperature.data_ptr<double>();
-  p.top_k = v.top_k.data_ptr<int64_t>();
-  p.top_p = v.top_p.data_ptr<double>();
-  p.accept_uniforms = v.accept_uniforms.data_ptr<double>();
-  p.bonus_uniforms = v.bonus_uniforms.data_ptr<double>();
-  p.accepted = accepted.data_ptr<int64_t>();
-  p.bonus = bonus.data_ptr<int64_t>();
-  p.batch = v.target_logits.size(0);
-  p.k = v.proposals.size(1);
-  p.vocab = v.target_logits.size(2);
-  return p;
+  const VerifyDims d{v.target_logits.size(0), v.proposals.size(1), v.target_logits.size(2)};
+  const VerifyInputs in{v.target_logits, v.proposals,     v.num_proposals, v.q_probs,         v.one_hot,
+                        v.temperature,   v.top_k,         v.top_p,         v.accept_uniforms, v.bonus_uniforms};
+  return ssd::verify_params(d, in, accepted, bonus);
 }
 
 /// The tensors of one saguaro_sample call (Backend::saguaro_sample): logits,

@@ -85,12 +85,12 @@ DraftBatch SdDrafter::draft(const std::vector<Sequence*>& seqs, const std::vecto
   const auto scope = be.forward_scope();
   batch.tokens.assign(seqs.size() * static_cast<size_t>(batch.slots), 0);
   const auto b = static_cast<int64_t>(seqs.size());
-  const at::TensorOptions rows = at::TensorOptions().dtype(at::kFloat).device(be.device());
+  const at::TensorOptions f32 = at::TensorOptions().dtype(at::kFloat).device(be.device());
   if (be.device().is_cpu()) {
-    batch.q = at::empty({b, batch.slots, vocab}, rows);
+    batch.q = at::empty({b, batch.slots, vocab}, f32);
     std::fill_n(batch.q.data_ptr<float>(), batch.q.numel(), 0.0f);
   } else {
-    batch.q = at::zeros({b, batch.slots, vocab}, rows);
+    batch.q = at::zeros({b, batch.slots, vocab}, f32);
   }
   std::vector<int64_t> drafted;
   for (int64_t step = 0; step < batch.slots; ++step) {
