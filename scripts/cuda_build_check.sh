@@ -38,7 +38,7 @@ mkdir -p build/cuda-torch/pkg/ssd
 (cd python && find ssd -name '*.py' ! -name _build_info.py -print0 | xargs -0 cp --parents -t ../build/cuda-torch/pkg)
 PYTHONPATH=build/cuda-torch/pkg "$VENV/bin/python" - <<'PY'
 import torch, ssd, ssd._C  # noqa: F401
-ops = ["paged_attention", "fork_attention", "saguaro_sample", "gumbel_sample", "fork_select", "verify",
+ops = ["paged_attention", "fork_attention", "saguaro_sample", "gumbel_sample", "gumbel_top", "fork_select", "verify",
        "kv_commit", "kv_truncate"]
 missing = [op for op in ops if not torch._C._dispatch_has_kernel_for_dispatch_key("ssd::" + op, "CUDA")]
 assert not missing, f"no CUDA kernel registered for {missing}"

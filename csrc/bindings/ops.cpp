@@ -20,6 +20,9 @@
 //                    positions [N] i64 (>= 0) -> tokens [N] i64: the Gumbel-max draw
 //                    argmax_{p_t > 0} p_t / E_t, E_t ~ Exp(1) keyed by (seed, position, t);
 //                    ties to the lowest id, a row without support gives 0.
+//   gumbel_top       probs, seeds, positions as gumbel_sample; 0 <= depth <= 512
+//                    -> ids [N,depth] i64 (-1 past the row's support), scores [N,depth] f64:
+//                    the depth best tokens by p_t / E_t (desc; ties to the lowest id).
 //   fork_select      probs [B,K+1,V] f32; drafted [B,K] i64; fanout [K+1] i64;
 //                    max_fanout >= max(fanout) -> candidates [B,K+1,max_fanout] i64
 //                    (-1 padded), counts [B,K+1] i64.
@@ -47,6 +50,7 @@ TORCH_LIBRARY(ssd, m) {
       "saguaro_sample(Tensor logits, Tensor temperature, Tensor top_k, Tensor top_p, "
       "Tensor fanout, Tensor downweight, Tensor uniforms, Tensor(a!) probs) -> Tensor");
   m.def("gumbel_sample(Tensor probs, Tensor seeds, Tensor positions) -> Tensor");
+  m.def("gumbel_top(Tensor probs, Tensor seeds, Tensor positions, int depth) -> (Tensor, Tensor)");
   m.def("fork_select(Tensor probs, Tensor drafted, Tensor fanout, int max_fanout) -> (Tensor, Tensor)");
   m.def(
       "verify(Tensor target_logits, Tensor proposals, Tensor num_proposals, Tensor q_probs, "

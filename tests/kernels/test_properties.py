@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import ssd._C  # noqa: F401  registers torch.ops.ssd
 from ssd import _C
 from tests.reference.fork_select_ref import fork_candidates
-from tests.reference.gumbel_ref import gumbel_token
+from tests.reference.gumbel_ref import gumbel_token, gumbel_top_ref
 from tests.reference.kv_commit_ref import kv_commit_ref
 from tests.reference.kv_truncate_ref import kv_truncate_ref
 from tests.reference.paged_attention_ref import fork_attention_ref, paged_attention_ref, random_paged_cache
@@ -87,7 +87,8 @@ def test_saguaro_sample(vocab, rows, ties, seed):
 @given(vocab=vocabs, rows=st.lists(st.tuples(temperatures, st.integers(0, 305), top_ps), min_size=0, max_size=5),
        ties=st.booleans(), key=st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**40)), seed=seeds)
 def test_gumbel_sample(vocab, rows, ties, key, seed):
-    """rows: (temperature, top_k, top_p) of each row's processed distribution; none is the empty batch."""
+    """rows: (temperature, top_k, top_p) of each row's processed distribution; none is the empty batch.
+    The same rows through gumbel_top (the tree's ranking) at a depth from 1 to 5."""
     gen = torch.Generator().manual_seed(seed)
     logits = logits_of(gen, (len(rows), vocab), ties)
     probs = torch.stack([processed_probs(logits[r], *s).float() for r, s in enumerate(rows)]) if rows \
@@ -100,6 +101,15 @@ def test_gumbel_sample(vocab, rows, ties, key, seed):
     assert tokens.shape == (len(rows),)
     for r in range(len(rows)):
         assert int(tokens[r]) == gumbel_token(probs[r], seeds_[r], positions[r]), f"row {r}"
+    depth = 1 + seed % 5
+    ids, scores = torch.ops.ssd.gumbel_top(probs, torch.tensor(as_int64, dtype=torch.int64),
+                                           torch.tensor(positions, dtype=torch.int64), depth)
+    assert ids.shape == scores.shape == (len(rows), depth)
+    for r in range(len(rows)):
+        want_ids, want_scores = gumbel_top_ref(probs[r], seeds_[r], positions[r], depth)
+        assert ids[r].tolist() == want_ids + [-1] * (depth - len(want_ids)), f"row {r}"
+        torch.testing.assert_close(scores[r, :len(want_ids)], torch.tensor(want_scores, dtype=F64), rtol=1e-15,
+                                   atol=0)
 
 
 @PROPERTY

@@ -1,4 +1,5 @@
-"""Pure-Python reference of the Gumbel-max coupling (the oracle for torch.ops.ssd.gumbel_sample).
+"""Pure-Python reference of the Gumbel-max coupling (the oracle for torch.ops.ssd.gumbel_sample
+and gumbel_top).
 
 Noise: splitmix64's finalizer mix64 keys one stream per (seed, position) and one
 52-bit uniform per token of it,
@@ -9,6 +10,8 @@ all in 64-bit unsigned arithmetic (Python ints masked to 64 bits here). The
 draw is argmax over the support (p_t > 0) of p_t / E_t -- the argmax of
 log p_t + Gumbel noise, so a draw from p -- with ties to the lowest id; a row
 without support gives token 0. Scores in float64 over the float32 row.
+gumbel_top lists the `depth` best tokens of the support by that score
+(descending, ties to the lowest id) with their scores.
 """
 from __future__ import annotations
 
@@ -54,3 +57,12 @@ def gumbel_token(probs_row: torch.Tensor, seed: int, position: int) -> int:
         if score > best:  # strict: ties keep the lowest id
             best, best_id = score, t
     return best_id
+
+
+def gumbel_top_ref(probs_row: torch.Tensor, seed: int, position: int, depth: int) -> tuple[list[int], list[float]]:
+    """probs_row: [vocab] float32 -> (ids, scores) of the min(depth, support) best tokens. Full scan."""
+    key = row_key(seed, position)
+    scored = [(p / -math.log(((mix64(key ^ t) >> 12) + 0.5) * 2.0**-52), t)
+              for t, p in enumerate(probs_row.to(torch.float32).tolist()) if p > 0.0]
+    best = sorted(scored, key=lambda x: (-x[0], x[1]))[:depth]
+    return [t for _, t in best], [s for s, _ in best]

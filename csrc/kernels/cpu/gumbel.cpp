@@ -72,4 +72,18 @@ void gumbel_sample(const GumbelSampleParams& params) {
                                      static_cast<uint64_t>(params.positions[r]));
 }
 
+void gumbel_top(const GumbelTopParams& params) {
+  std::vector<int32_t> ids(static_cast<size_t>(params.depth));
+  for (int64_t r = 0; r < params.rows; ++r) {
+    int64_t* out = params.ids + r * params.depth;
+    double* scores = params.scores + r * params.depth;
+    const int64_t count = gumbel_top(params.probs + r * params.vocab, params.vocab,
+                                     gumbel_row_key(params.seeds[r], static_cast<uint64_t>(params.positions[r])),
+                                     params.depth, ids.data(), scores);
+    std::copy(ids.begin(), ids.begin() + count, out);
+    std::fill(out + count, out + params.depth, int64_t{-1});
+    std::fill(scores + count, scores + params.depth, 0.0);
+  }
+}
+
 }  // namespace ssd::kernels

@@ -69,4 +69,22 @@ struct GumbelSampleParams {
 /// tokens[r] = gumbel_argmax(probs[r], seeds[r], positions[r]).
 void gumbel_sample(const GumbelSampleParams& params);
 
+/// Row-major buffers of one batched gumbel_top call (the ssd tree's ranking of
+/// a row's candidates): probs [rows, vocab]; seeds, positions [rows] as for
+/// gumbel_sample; ids [rows, depth] (written; -1 past a row's count) and
+/// scores [rows, depth] (written: probs_t / E_t, 0 past the count).
+struct GumbelTopParams {
+  const float* probs = nullptr;
+  const uint64_t* seeds = nullptr;
+  const int64_t* positions = nullptr;
+  int64_t* ids = nullptr;
+  double* scores = nullptr;
+  int64_t rows = 0;
+  int64_t vocab = 0;
+  int64_t depth = 0;
+};
+
+/// Row r: gumbel_top(probs[r], gumbel_row_key(seeds[r], positions[r]), depth).
+void gumbel_top(const GumbelTopParams& params);
+
 }  // namespace ssd::kernels

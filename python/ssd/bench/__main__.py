@@ -42,7 +42,7 @@ KERNEL_BENCHES = {
     "bench_fork_select.py": ("[--json FILE]", "fork_select"),
     "bench_saguaro_sample.py": ("[--json FILE]", "saguaro_sample (SAGUARO sampling)"),
     "bench_verify.py": ("[--json FILE] [--repeats N]", "verify (rejection sampling)"),
-    "bench_gumbel_sample.py": ("[--json FILE]", "gumbel_sample (the Gumbel coupling's draw)"),
+    "bench_gumbel_sample.py": ("[--json FILE]", "gumbel_sample and gumbel_top (the Gumbel coupling's draw, the tree's ranking)"),
     "bench_kv_commit.py": ("[--json FILE]", "kv_commit: time and bytes moved"),
 }
 
