@@ -96,8 +96,11 @@ void bind_runtime_pieces(py::module_& m) {
       [](const at::Tensor& logits, int64_t depth, bool with_probs) {
         TORCH_CHECK(logits.dim() == 1 && logits.scalar_type() == at::kFloat, "logits must be a 1-D float32 tensor");
         TORCH_CHECK(depth >= 1, "depth must be >= 1");
-        const at::Tensor c = logits.contiguous();
-        runtime::RankedTokens r = runtime::RankedTokens::of(c.data_ptr<float>(), c.numel(), depth, with_probs);
+        // The cpu backend's top_tokens over one row, read as the worker reads it.
+        const auto backend = model::make_backend("cpu", "cpu", {});
+        const auto [ids, probs] = backend->top_tokens(logits.contiguous().view({1, -1}), depth, with_probs);
+        const runtime::RankedTokens r =
+            runtime::RankedTokens::top(ids.data_ptr<int64_t>(), with_probs ? probs.data_ptr<float>() : nullptr, depth);
         return std::make_pair(r.tokens, r.probs);
       },
       py::arg("logits"), py::arg("depth"), py::arg("with_probs") = false,

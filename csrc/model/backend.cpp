@@ -5,11 +5,16 @@
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 
+#include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
 
+#include "../bindings/gumbel_top_args.h"
+#include "../kernels/cpu/fork_select.h"
+#include "../kernels/cpu/ops.h"
 #include "backend_aten.h"
 #include "round_params.h"
 
@@ -115,6 +120,34 @@ at::Tensor Backend::gumbel_sample(const at::Tensor& probs, const at::Tensor& see
   at::Tensor tokens = at::empty({x.size(0)}, at::kLong);
   kernels::gumbel_sample(bindings::gumbel_sample_params(x, s, pos, tokens));
   return tokens.to(device());
+}
+
+std::pair<at::Tensor, at::Tensor> Backend::top_tokens(const at::Tensor& logits, int64_t depth,
+                                                      bool with_probs) const {
+  const at::Tensor x = on_host(logits);
+  const int64_t rows = x.size(0), vocab = x.size(1);
+  at::Tensor ids = at::empty({rows, depth}, at::kLong);
+  at::Tensor probs = with_probs ? at::zeros({rows, depth}, at::kFloat) : at::Tensor();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = x.data_ptr<float>() + r * vocab;
+    int64_t* best = ids.data_ptr<int64_t>() + r * depth;
+    const int64_t count = kernels::top_of_row(row, vocab, depth, best);
+    std::fill(best + count, best + depth, int64_t{-1});
+    if (!with_probs || count == 0) continue;
+    const float top = row[best[0]];
+    const double total = kernels::sum_exp(row, vocab, top);
+    for (int64_t i = 0; i < count; ++i)
+      probs.data_ptr<float>()[r * depth + i] = static_cast<float>(std::exp(row[best[i]] - top) / total);
+  }
+  return {ids.to(device()), with_probs ? probs.to(device()) : probs};
+}
+
+std::pair<at::Tensor, at::Tensor> Backend::gumbel_top(const at::Tensor& probs, const at::Tensor& seeds,
+                                                      const at::Tensor& positions, int64_t depth) const {
+  const at::Tensor x = on_host(probs), s = on_host(seeds), pos = on_host(positions);
+  auto [ids, scores] = bindings::gumbel_top_outputs(x, depth);
+  kernels::gumbel_top(bindings::gumbel_top_params(x, s, pos, depth, ids, scores));
+  return {ids.to(device()), scores.to(device())};
 }
 
 void check_kv_slots(const std::vector<int64_t>& src_slots, const std::vector<int64_t>& dst_slots, int64_t num_slots) {

@@ -177,6 +177,19 @@ class Backend {
   virtual at::Tensor gumbel_sample(const at::Tensor& probs, const at::Tensor& seeds,
                                    const at::Tensor& positions) const;
 
+  // ---- the ssd draft's ranking of a row's candidates (runtime/path_decoder.h)
+  /// The `depth` best tokens of each row of logits [N, V] by (value desc, id
+  /// asc; kernels::fork_select) -> ids [N, depth] i64 (-1 past the vocabulary)
+  /// and, with with_probs, their probabilities under softmax(row) [N, depth]
+  /// f32 (undefined without).
+  virtual std::pair<at::Tensor, at::Tensor> top_tokens(const at::Tensor& logits, int64_t depth,
+                                                       bool with_probs) const;
+  /// The `depth` best tokens of each row of probs [N, V] by p_t / E_t, keyed
+  /// as gumbel_sample's draw (kernels::gumbel_top) -> ids [N, depth] i64 (-1
+  /// past the row's support) and their scores [N, depth] f64.
+  virtual std::pair<at::Tensor, at::Tensor> gumbel_top(const at::Tensor& probs, const at::Tensor& seeds,
+                                                       const at::Tensor& positions, int64_t depth) const;
+
   // ---- between forwards
   /// K and V rows of every layer from cache slot src_slots[i] to dst_slots[i]
   /// (slot = block * block_size + offset), as if every row were read before

@@ -23,7 +23,11 @@
 #include <string>
 #include <vector>
 
+#include "../bindings/fork_select_args.h"
+#include "../bindings/gumbel_top_args.h"
+#include "../kernels/cuda/fork_select.h"
 #include "../kernels/cuda/gumbel_sample.h"
+#include "../kernels/cuda/gumbel_top.h"
 #include "../kernels/cuda/kv_commit.h"
 #include "../kernels/cuda/linear.h"
 #include "../kernels/cuda/paged_attention.h"
@@ -141,6 +145,33 @@ class CudaBackend final : public AtenBackend {
     const kernels::GumbelSampleParams p = bindings::gumbel_sample_params(x, seeds, positions, tokens);
     check_launch(kernels::cuda::gumbel_sample(p, stream()), "gumbel_sample");
     return tokens;
+  }
+
+  // fork_select's kernel over rows with nothing drafted; the probabilities
+  // from a softmax of the rows (the planner's calibration reads them).
+  std::pair<at::Tensor, at::Tensor> top_tokens(const at::Tensor& logits, int64_t depth,
+                                               bool with_probs) const override {
+    c10::cuda::CUDAGuard guard(device_);
+    const at::Tensor x = logits.contiguous().unsqueeze(1);  // [N, 1, V]: one fork point per row
+    const at::Tensor drafted = at::empty({x.size(0), 0}, x.options().dtype(at::kLong));
+    const at::Tensor fanout = at::full({1}, depth, x.options().dtype(at::kLong));
+    auto [ids, counts] = bindings::fork_select_outputs(x, depth);
+    const kernels::ForkSelectParams p = bindings::fork_select_params(x, drafted, fanout, depth, ids, counts);
+    check_launch(kernels::cuda::fork_select(p, stream()), "top_tokens");
+    ids = ids.squeeze(1);
+    if (!with_probs) return {ids, at::Tensor()};
+    const at::Tensor probs = at::softmax(x.squeeze(1), 1).gather(1, ids.clamp_min(0));
+    return {ids, probs.masked_fill(ids.lt(0), 0.0f)};
+  }
+
+  std::pair<at::Tensor, at::Tensor> gumbel_top(const at::Tensor& probs, const at::Tensor& seeds,
+                                               const at::Tensor& positions, int64_t depth) const override {
+    c10::cuda::CUDAGuard guard(device_);
+    const at::Tensor x = probs.contiguous();
+    auto [ids, scores] = bindings::gumbel_top_outputs(x, depth);
+    const kernels::GumbelTopParams p = bindings::gumbel_top_params(x, seeds, positions, depth, ids, scores);
+    check_launch(kernels::cuda::gumbel_top(p, stream()), "gumbel_top");
+    return {ids, scores};
   }
 
   void rms_norm(const at::Tensor& x, const at::Tensor& w, float eps, const at::Tensor& out,

@@ -26,6 +26,43 @@ at::Tensor upload(const model::Backend& backend, const std::vector<T>& values, a
   return cpu ? host : host.to(backend.device(), dtype, /*non_blocking=*/true);
 }
 
+/// Rows `rows` of src [n, ...] (contiguous) as a new tensor on its device:
+/// src itself when the rows are all of it in order, one index_select on a
+/// device, plain copies on the CPU (whose ATen ops would wake their thread
+/// pool beside the model's own).
+inline at::Tensor select_rows(const model::Backend& backend, const at::Tensor& src, const std::vector<int64_t>& rows) {
+  const auto n = static_cast<int64_t>(rows.size());
+  bool all = n == src.size(0);
+  for (int64_t i = 0; all && i < n; ++i) all = rows[i] == i;
+  if (all) return src;
+  if (!src.device().is_cpu()) return src.index_select(0, upload(backend, rows, at::kLong));
+  const at::Tensor c = src.contiguous();
+  std::vector<int64_t> sizes = c.sizes().vec();
+  sizes[0] = n;
+  at::Tensor out = at::empty(sizes, c.options());
+  const int64_t row_bytes = c.numel() == 0 ? 0 : static_cast<int64_t>(c.nbytes()) / c.size(0);
+  const auto* from = static_cast<const char*>(c.data_ptr());
+  auto* to = static_cast<char*>(out.data_ptr());
+  for (int64_t i = 0; i < n; ++i) std::copy_n(from + rows[i] * row_bytes, row_bytes, to + i * row_bytes);
+  return out;
+}
+
+/// dst[slots[i]] = src[i] for the rows of src [n, ...] (dst contiguous, on
+/// src's device): one index_copy_ on a device, plain copies on the CPU.
+inline void copy_rows(const model::Backend& backend, const at::Tensor& src, const at::Tensor& dst,
+                      const std::vector<int64_t>& slots) {
+  if (!dst.device().is_cpu()) {
+    dst.index_copy_(0, upload(backend, slots, at::kLong), src);
+    return;
+  }
+  const at::Tensor c = src.contiguous();
+  const int64_t row_bytes = c.numel() == 0 ? 0 : static_cast<int64_t>(c.nbytes()) / c.size(0);
+  const auto* from = static_cast<const char*>(c.data_ptr());
+  auto* to = static_cast<char*>(dst.data_ptr());
+  for (size_t i = 0; i < slots.size(); ++i)
+    std::copy_n(from + static_cast<int64_t>(i) * row_bytes, row_bytes, to + slots[i] * row_bytes);
+}
+
 /// Device tensors read back to the host, their bytes counted (read by one
 /// thread; bytes() from any, as stats() does).
 class HostReads {

@@ -23,7 +23,6 @@ struct DraftRows {
   std::vector<double> temperature, top_p, downweight, uniforms;
   std::vector<int64_t> top_k, fanout, tokens, positions;
   std::vector<uint64_t> seeds;
-  std::vector<float> probs;  ///< [rows, vocab]: the rows sampled from (q)
 
   DraftRows(int64_t vocab_size, bool gumbel_coupling) : vocab(vocab_size), gumbel(gumbel_coupling) {}
 
@@ -40,35 +39,11 @@ struct DraftRows {
     positions.push_back(position);
   }
 
-  /// Samples every row from `logits` [rows, vocab]; fills tokens and probs.
-  void sample(const float* logits) {
-    const auto n = static_cast<int64_t>(temperature.size());
-    tokens.assign(static_cast<size_t>(n), 0);
-    probs.assign(static_cast<size_t>(n * vocab), 0.0f);
-    kernels::SaguaroSampleParams p;
-    p.logits = logits;
-    p.rows = n;
-    p.vocab = vocab;
-    p.temperature = temperature.data();
-    p.top_k = top_k.data();
-    p.top_p = top_p.data();
-    p.fanout = fanout.data();
-    p.downweight = downweight.data();
-    p.uniforms = uniforms.data();
-    p.probs = probs.data();
-    p.tokens = tokens.data();
-    kernels::saguaro_sample(p);
-    if (!gumbel) return;
-    for (int64_t r = 0; r < n; ++r)
-      if (temperature[r] > 0.0)
-        tokens[r] = kernels::gumbel_argmax(probs.data() + r * vocab, vocab, seeds[r], static_cast<uint64_t>(positions[r]));
-  }
-
-  /// The same draw on the backend's device, from logits [rows, vocab] there:
+  /// Draws every row on the backend's device, from logits [rows, vocab] there:
   /// returns the rows sampled from (q) [rows, vocab], left there; only the
   /// tokens come to the host (through `reads`). Under the Gumbel coupling a
-  /// greedy row's sigma is one-hot, so its Gumbel-max draw is its argmax, as
-  /// above. The caller holds the backend's forward_scope.
+  /// greedy row's sigma is one-hot, so its Gumbel-max draw is its argmax.
+  /// The caller holds the backend's forward_scope.
   at::Tensor sample_on(const model::Backend& be, const at::Tensor& logits, HostReads& reads) {
     auto [q, drawn] = be.saguaro_sample(logits, upload(be, temperature, at::kDouble), upload(be, top_k, at::kLong),
                                         upload(be, top_p, at::kDouble), upload(be, fanout, at::kLong),

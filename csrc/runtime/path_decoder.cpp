@@ -5,14 +5,11 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "../kernels/cpu/fork_select.h"
-#include "../kernels/cpu/gumbel.h"
-#include "../kernels/cpu/ops.h"
 #include "coupling.h"
 #include "draft_sampling.h"
 #include "speculation_cache.h"
 
-#include <ATen/core/Tensor.h>
+#include <ATen/ATen.h>
 
 namespace ssd::runtime {
 
@@ -34,34 +31,25 @@ double RankedTokens::prob_of(int32_t token) const {
   return 0.0;
 }
 
-RankedTokens RankedTokens::of(const float* logits, int64_t vocab, int64_t depth, bool with_probs) {
-  // The fork_select kernel ranks any row by (value desc, id asc); one
-  // position with nothing drafted there is a plain top-`depth` of the row.
-  std::vector<int64_t> best(static_cast<size_t>(depth));
-  const int64_t count = kernels::top_of_row(logits, vocab, depth, best.data());
+RankedTokens RankedTokens::top(const int64_t* ids, const float* probs, int64_t depth) {
   RankedTokens r;
-  r.tokens.assign(best.begin(), best.begin() + count);
-  if (with_probs && !r.tokens.empty()) {
-    const float top = logits[r.tokens[0]];
-    const double total = kernels::sum_exp(logits, vocab, top);
-    for (int32_t t : r.tokens) r.probs.push_back(static_cast<float>(std::exp(logits[t] - top) / total));
+  for (int64_t i = 0; i < depth && ids[i] >= 0; ++i) {
+    r.tokens.push_back(static_cast<int32_t>(ids[i]));
+    if (probs != nullptr) r.probs.push_back(probs[i]);
   }
   return r;
 }
 
-RankedTokens RankedTokens::perturbed(const float* q, int64_t vocab, uint64_t seed, int64_t position, int64_t depth,
-                                     bool with_probs) {
-  std::vector<int32_t> ids(static_cast<size_t>(depth));
-  std::vector<double> scores(static_cast<size_t>(depth));
-  const int64_t count = kernels::gumbel_top(q, vocab, kernels::gumbel_row_key(seed, static_cast<uint64_t>(position)),
-                                            depth, ids.data(), scores.data());
+RankedTokens RankedTokens::perturbed(const int64_t* ids, const double* scores, int64_t depth, bool with_probs) {
   RankedTokens r;
-  r.tokens.assign(ids.begin(), ids.begin() + count);
-  if (with_probs) {
-    double total = 0.0;
-    for (int64_t i = 0; i < count; ++i) total += scores[i];
-    for (int64_t i = 0; i < count; ++i) r.probs.push_back(static_cast<float>(scores[i] / total));
+  double total = 0.0;
+  int64_t count = 0;
+  for (; count < depth && ids[count] >= 0; ++count) {
+    r.tokens.push_back(static_cast<int32_t>(ids[count]));
+    total += scores[count];
   }
+  if (with_probs)
+    for (int64_t i = 0; i < count; ++i) r.probs.push_back(static_cast<float>(scores[i] / total));
   return r;
 }
 
@@ -83,11 +71,51 @@ DraftPath DraftPath::scoring(DraftSequence& seq, model::BlockTable& table, int64
   return p;
 }
 
-/// One forward's input and, per path in it, its first logit row.
+/// One forward's input and, per path in it, its index in the decode's paths
+/// and its first logit row.
 struct PathDecoder::StepBatch {
   model::ForwardInput in;
   std::vector<DraftPath*> active;
+  std::vector<int64_t> path_index;
   std::vector<int64_t> first_row;
+};
+
+/// The rows of one step that want a ranked list, by how they are ranked:
+/// plain (a logits row by value), processed (a logits row processed with its
+/// sequence's settings, then Gumbel-ranked) or drawn (a row sampled from, q,
+/// Gumbel-ranked); each with the list it fills.
+struct PathDecoder::RankJobs {
+  std::vector<int64_t> plain_rows;
+  std::vector<RankedTokens*> plain_out;
+  std::vector<int64_t> processed_rows;
+  std::vector<RankedTokens*> processed_out;
+  std::vector<double> temperature, top_p;
+  std::vector<int64_t> top_k, processed_seeds, processed_positions;
+  std::vector<int64_t> drawn_rows;
+  std::vector<RankedTokens*> drawn_out;
+  std::vector<int64_t> drawn_seeds, drawn_positions;
+
+  /// The list of a row that draws the token at `position` of `s` (from its
+  /// logits row `row`, or from q's row `drawn` when >= 0).
+  void add(const DraftSequence& s, bool gumbel, int64_t row, int64_t drawn, int64_t position, RankedTokens* out) {
+    if (!gumbel || s.params.temperature == 0.0) {
+      plain_rows.push_back(row);
+      plain_out.push_back(out);
+    } else if (drawn >= 0) {
+      drawn_rows.push_back(drawn);
+      drawn_out.push_back(out);
+      drawn_seeds.push_back(static_cast<int64_t>(s.seed));
+      drawn_positions.push_back(position);
+    } else {
+      processed_rows.push_back(row);
+      processed_out.push_back(out);
+      temperature.push_back(s.params.temperature);
+      top_k.push_back(s.params.top_k);
+      top_p.push_back(s.params.top_p);
+      processed_seeds.push_back(static_cast<int64_t>(s.seed));
+      processed_positions.push_back(position);
+    }
+  }
 };
 
 PathDecoder::PathDecoder(const EngineConfig& config, const model::Model& model, model::KvCache& kv,
@@ -118,20 +146,27 @@ PathDecoder::Ranking PathDecoder::ranking_for(const std::vector<DraftPath>& path
 void PathDecoder::decode(std::vector<DraftPath>& paths, const std::vector<int64_t>& fanout, DraftForwards purpose) {
   if (paths.empty()) return;
   const Ranking ranking = ranking_for(paths, fanout);
-  int64_t forwards = 1;
-  for (const DraftPath& p : paths) forwards = std::max(forwards, p.steps);
-  for (DraftPath& p : paths) {
+  const model::Backend& be = model_.backend();
+  // The draft's stream (and device) for the forwards, the draws and the rankings.
+  const auto scope = be.forward_scope();
+  int64_t forwards = 1, steps = 0;
+  for (const DraftPath& p : paths) steps = std::max(steps, p.steps);
+  forwards = std::max(forwards, steps);
+  // Every path's sampled rows in one buffer on the device, [paths, steps, vocab].
+  const at::Tensor q_all =
+      at::empty({static_cast<int64_t>(paths.size()), steps, vocab_}, at::TensorOptions().dtype(at::kFloat).device(be.device()));
+  for (size_t i = 0; i < paths.size(); ++i) {
+    DraftPath& p = paths[i];
     p.out.clear();
-    p.q.assign(static_cast<size_t>(p.steps * vocab_), 0.0f);
+    p.q = p.steps > 0 ? q_all[static_cast<int64_t>(i)].narrow(0, 0, p.steps) : at::Tensor();
     p.ranked.assign(static_cast<size_t>(p.steps), {});
     p.fed_ranked.clear();
   }
   for (int64_t step = 0; step < forwards; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     const StepBatch batch = gather(paths, step, purpose);
-    const at::Tensor logits = model_.forward(batch.in, kv_, pool_);
-    host_bytes_ += static_cast<int64_t>(logits.nbytes());
-    const int64_t sampled = take_rows(batch, logits.data_ptr<float>(), step, fanout, ranking);
+    const at::Tensor logits = model_.forward_device(batch.in, kv_, pool_);
+    const int64_t sampled = take_rows(batch, logits, step, fanout, ranking, q_all);
     if (purpose == DraftForwards::kBranches && sampled > 0)
       planner_.observe_tree_step(sampled, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
@@ -147,6 +182,7 @@ PathDecoder::StepBatch PathDecoder::gather(std::vector<DraftPath>& paths, int64_
     const int64_t count = step == 0 ? fed : 1;
     if (!kv_.reserve(*p.table, begin + count)) throw std::runtime_error("draft KV cache is full");
     b.first_row.push_back(static_cast<int64_t>(in.logit_rows.size()));
+    b.path_index.push_back(&p - paths.data());
     for (int64_t i = 0; i < count; ++i) {
       const int64_t pos = begin + i;
       in.tokens.push_back(step == 0 ? p.feed[i] : p.out[step - 1]);
@@ -172,22 +208,12 @@ PathDecoder::StepBatch PathDecoder::gather(std::vector<DraftPath>& paths, int64_
   return b;
 }
 
-RankedTokens PathDecoder::rank_row(const DraftSequence& s, const float* logits, const float* q, int64_t position,
-                                   const Ranking& ranking) {
-  if (!gumbel_ || s.params.temperature == 0.0) return RankedTokens::of(logits, vocab_, ranking.depth, ranking.probs);
-  if (q == nullptr) {
-    const SamplingParams& sp = s.params;
-    q_.resize(static_cast<size_t>(vocab_));
-    kernels::process_logits(logits, vocab_, {sp.temperature, sp.top_k, sp.top_p}, q_.data(), scratch_);
-    q = q_.data();
-  }
-  return RankedTokens::perturbed(q, vocab_, s.seed, position, ranking.depth, ranking.probs);
-}
-
-int64_t PathDecoder::take_rows(const StepBatch& batch, const float* rows, int64_t step,
-                               const std::vector<int64_t>& fanout, const Ranking& ranking) {
-  std::vector<DraftPath*> sampling;
-  std::vector<const float*> sample_rows;
+int64_t PathDecoder::take_rows(const StepBatch& batch, const at::Tensor& logits, int64_t step,
+                               const std::vector<int64_t>& fanout, const Ranking& ranking, const at::Tensor& q_all) {
+  const model::Backend& be = model_.backend();
+  RankJobs jobs;
+  std::vector<size_t> sampling;      // indices into batch.active
+  std::vector<int64_t> sample_rows;  // their logit rows
   for (size_t a = 0; a < batch.active.size(); ++a) {
     DraftPath* p = batch.active[a];
     const int64_t r0 = batch.first_row[a];
@@ -196,37 +222,73 @@ int64_t PathDecoder::take_rows(const StepBatch& batch, const float* rows, int64_
     if (p->steps == 0) {
       // Row r scores the token after fed position first + (r - r0).
       const int64_t first = std::max(p->pos0, p->rank_from);
+      p->fed_ranked.resize(static_cast<size_t>(r1 - r0));
       for (int64_t r = r0; r < r1; ++r)
-        p->fed_ranked.push_back(rank_row(*p->seq, rows + r * vocab_, nullptr, first + (r - r0) + 1, ranking));
+        jobs.add(*p->seq, gumbel_, r, -1, first + (r - r0) + 1, &p->fed_ranked[static_cast<size_t>(r - r0)]);
       continue;
     }
-    sampling.push_back(p);
-    sample_rows.push_back(rows + r0 * vocab_);
+    sampling.push_back(a);
+    sample_rows.push_back(r0);
   }
   const auto n = static_cast<int64_t>(sampling.size());
-  if (n == 0) return 0;
-  // SAGUARO sampling: sampled token `step` is the next speculation's proposal
-  // at fork point `step`, whose F top tokens it downweights.
-  std::vector<float> z(static_cast<size_t>(n * vocab_));
-  DraftRows draw(vocab_, gumbel_);
-  const int64_t f = step < static_cast<int64_t>(fanout.size()) ? fanout[step] : 0;
-  for (int64_t r = 0; r < n; ++r) {
-    const DraftPath* p = sampling[r];
-    std::copy(sample_rows[r], sample_rows[r] + vocab_, z.begin() + r * vocab_);
-    draw.add(p->seq->params, p->seq->seed, p->pos0 + static_cast<int64_t>(p->feed.size()) + step, f,
-             config_.saguaro_c);
+  at::Tensor q;
+  if (n > 0) {
+    // SAGUARO sampling: sampled token `step` is the next speculation's
+    // proposal at fork point `step`, whose F top tokens it downweights.
+    DraftRows draw(vocab_, gumbel_);
+    const int64_t f = step < static_cast<int64_t>(fanout.size()) ? fanout[step] : 0;
+    for (size_t a : sampling) {
+      const DraftPath* p = batch.active[a];
+      draw.add(p->seq->params, p->seq->seed, p->pos0 + static_cast<int64_t>(p->feed.size()) + step, f,
+               config_.saguaro_c);
+    }
+    q = draw.sample_on(be, select_rows(be, logits, sample_rows), reads_);
+    // The rows go to their paths' slots of q_all before the rankings below
+    // read back (on the draft's stream), so they are written once decode returns.
+    std::vector<int64_t> slots;
+    for (size_t a : sampling) slots.push_back(batch.path_index[a] * q_all.size(1) + step);
+    copy_rows(be, q, q_all.view({-1, vocab_}), slots);
+    for (int64_t r = 0; r < n; ++r) {
+      DraftPath* p = batch.active[sampling[r]];
+      p->out.push_back(static_cast<int32_t>(draw.tokens[r]));
+      // Ranked by the draft's own distribution q: with C < 1 the row sampled
+      // from (sigma) pushes down exactly the likeliest target draws.
+      const int64_t drawn = config_.saguaro_c < 1.0 ? -1 : r;
+      jobs.add(*p->seq, gumbel_, sample_rows[r], drawn, draw.positions[r], &p->ranked[step]);
+    }
   }
-  draw.sample(z.data());
-  for (int64_t r = 0; r < n; ++r) {
-    DraftPath* p = sampling[r];
-    p->out.push_back(static_cast<int32_t>(draw.tokens[r]));
-    std::copy(draw.probs.begin() + r * vocab_, draw.probs.begin() + (r + 1) * vocab_, p->q.begin() + step * vocab_);
-    // Ranked by the draft's own distribution q: with C < 1 the row sampled
-    // from (sigma) pushes down exactly the likeliest target draws.
-    const float* q = config_.saguaro_c < 1.0 ? nullptr : draw.probs.data() + r * vocab_;
-    p->ranked[step] = rank_row(*p->seq, z.data() + r * vocab_, q, draw.positions[r], ranking);
-  }
+  rank(jobs, logits, q, ranking);
   return n;
+}
+
+void PathDecoder::rank(const RankJobs& jobs, const at::Tensor& logits, const at::Tensor& q, const Ranking& ranking) {
+  const model::Backend& be = model_.backend();
+  const int64_t depth = ranking.depth;
+  if (!jobs.plain_rows.empty()) {
+    const auto [ids, probs] = be.top_tokens(select_rows(be, logits, jobs.plain_rows), depth, ranking.probs);
+    const at::Tensor host_ids = reads_.read(ids);
+    const at::Tensor host_probs = ranking.probs ? reads_.read(probs) : at::Tensor();
+    for (size_t i = 0; i < jobs.plain_out.size(); ++i)
+      *jobs.plain_out[i] = RankedTokens::top(host_ids.data_ptr<int64_t>() + i * depth,
+                                             ranking.probs ? host_probs.data_ptr<float>() + i * depth : nullptr, depth);
+  }
+  auto perturbed = [&](const at::Tensor& rows, const std::vector<int64_t>& seeds,
+                       const std::vector<int64_t>& positions, const std::vector<RankedTokens*>& out) {
+    const auto [ids, scores] =
+        be.gumbel_top(rows, upload(be, seeds, at::kLong), upload(be, positions, at::kLong), depth);
+    const at::Tensor host_ids = reads_.read(ids), host_scores = reads_.read(scores);
+    for (size_t i = 0; i < out.size(); ++i)
+      *out[i] = RankedTokens::perturbed(host_ids.data_ptr<int64_t>() + i * depth,
+                                        host_scores.data_ptr<double>() + i * depth, depth, ranking.probs);
+  };
+  if (!jobs.processed_rows.empty()) {
+    const at::Tensor processed =
+        be.process_logits(select_rows(be, logits, jobs.processed_rows), upload(be, jobs.temperature, at::kDouble),
+                          upload(be, jobs.top_k, at::kLong), upload(be, jobs.top_p, at::kDouble));
+    perturbed(processed, jobs.processed_seeds, jobs.processed_positions, jobs.processed_out);
+  }
+  if (!jobs.drawn_rows.empty())
+    perturbed(select_rows(be, q, jobs.drawn_rows), jobs.drawn_seeds, jobs.drawn_positions, jobs.drawn_out);
 }
 
 }  // namespace ssd::runtime

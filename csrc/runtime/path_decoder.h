@@ -6,14 +6,15 @@
 // tokens: the next tree's fork candidates there.
 #pragma once
 
-#include <atomic>
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
 #include <vector>
 
-#include "../kernels/cpu/sampling.h"
 #include "../kernels/cpu/thread_pool.h"
 #include "../model/kv_cache.h"
 #include "../model/model.h"
+#include "device_io.h"
 #include "fanout.h"
 #include "ssd/config.h"
 
@@ -32,7 +33,9 @@ bool confidence_fanout(const EngineConfig& config);
 /// the row's position instead: the target's token there is the argmax of
 /// p_t / E_t, so these are the draft's best guesses of it, and the "probs"
 /// are the scores normalised over the listed tokens (a confidence the
-/// planner calibrates like a greedy sequence's).
+/// planner calibrates like a greedy sequence's). Both rankings run on the
+/// draft's device (Backend::top_tokens, Backend::gumbel_top); these lists are
+/// what comes back of a row.
 struct RankedTokens {
   std::vector<int32_t> tokens;
   std::vector<float> probs;
@@ -40,10 +43,11 @@ struct RankedTokens {
   bool empty() const { return tokens.empty(); }
   /// The probability of `token` (0 when it is not listed or no probabilities were kept).
   double prob_of(int32_t token) const;
-  static RankedTokens of(const float* logits, int64_t vocab, int64_t depth, bool with_probs);
-  /// q: the draft's processed row; seed and position key the noise.
-  static RankedTokens perturbed(const float* q, int64_t vocab, uint64_t seed, int64_t position, int64_t depth,
-                                bool with_probs);
+  /// A row of top_tokens' output read back: ids [depth] (-1 past the list),
+  /// probs [depth] or null.
+  static RankedTokens top(const int64_t* ids, const float* probs, int64_t depth);
+  /// A row of gumbel_top's output read back: ids and scores [depth].
+  static RankedTokens perturbed(const int64_t* ids, const double* scores, int64_t depth, bool with_probs);
 };
 
 struct DraftPath {
@@ -54,7 +58,7 @@ struct DraftPath {
   int64_t steps = 0;          ///< tokens sampled after the feed (0: score only)
   int64_t rank_from = 0;      ///< score only: fed positions >= rank_from get ranked lists
   std::vector<int32_t> out;
-  std::vector<float> q;                  ///< [steps, vocab]: the rows sampled from
+  at::Tensor q;                          ///< [steps, vocab] f32 on the draft's device: the rows sampled from
   std::vector<RankedTokens> ranked;      ///< per sampled token: its row's ranking
   std::vector<RankedTokens> fed_ranked;  ///< score only: per fed position >= rank_from
 
@@ -77,9 +81,11 @@ class PathDecoder {
 
   /// Feeds every path and samples its tokens, all paths batched per step.
   /// fanout: F_0..F_K of this round, for SAGUARO sampling and list depth.
+  /// The logits, the draws and the rankings stay on the draft's device; the
+  /// tokens and the ranked lists come back.
   void decode(std::vector<DraftPath>& paths, const std::vector<int64_t>& fanout, DraftForwards purpose);
-  /// Bytes of logit rows the forwards have read to the host so far (any thread).
-  int64_t host_bytes() const { return host_bytes_.load(std::memory_order_relaxed); }
+  /// Bytes the forwards' draws and rankings have read to the host so far (any thread).
+  int64_t host_bytes() const { return reads_.bytes(); }
 
  private:
   struct Ranking {
@@ -87,17 +93,17 @@ class PathDecoder {
     bool probs = false;
   };
   struct StepBatch;
+  struct RankJobs;
 
   Ranking ranking_for(const std::vector<DraftPath>& paths, const std::vector<int64_t>& fanout) const;
   StepBatch gather(std::vector<DraftPath>& paths, int64_t step, DraftForwards purpose);
-  /// The ranked list of a row that draws the token at `position` of `s`
-  /// (q: the draft's processed row when at hand, or null to process the
-  /// logits here). Not thread-safe: it reuses one buffer.
-  RankedTokens rank_row(const DraftSequence& s, const float* logits, const float* q, int64_t position,
-                        const Ranking& ranking);
-  /// Ranks score rows and samples the rest; returns how many paths sampled.
-  int64_t take_rows(const StepBatch& batch, const float* rows, int64_t step, const std::vector<int64_t>& fanout,
-                    const Ranking& ranking);
+  /// Samples the sampling paths' rows, ranks every row that wants a list;
+  /// q_all [paths, steps, vocab] receives the rows sampled from. Returns how
+  /// many paths sampled.
+  int64_t take_rows(const StepBatch& batch, const at::Tensor& logits, int64_t step,
+                    const std::vector<int64_t>& fanout, const Ranking& ranking, const at::Tensor& q_all);
+  /// Ranks the rows the jobs list, on the device, and fills their lists.
+  void rank(const RankJobs& jobs, const at::Tensor& logits, const at::Tensor& q, const Ranking& ranking);
 
   const EngineConfig& config_;
   const model::Model& model_;
@@ -107,9 +113,7 @@ class PathDecoder {
   int64_t vocab_;
   bool confidence_;
   bool gumbel_;
-  std::vector<float> q_;  // rank_row's processed row
-  std::atomic<int64_t> host_bytes_{0};
-  kernels::LogitsScratch scratch_;
+  HostReads reads_;
 };
 
 }  // namespace ssd::runtime

@@ -64,15 +64,7 @@ void SdDrafter::sample(const std::vector<Sequence*>& seqs, const std::vector<int
     slots.push_back(rows[r] * batch.slots + step);
     batch.tokens[slots.back()] = draw.tokens[r];
   }
-  if (!q.device().is_cpu()) {
-    batch.q.view({-1, vocab}).index_copy_(0, upload(be, slots, at::kLong), q);
-    return;
-  }
-  // On the CPU a plain copy: ATen's would wake its thread pool beside the draft's own.
-  const float* src = q.data_ptr<float>();
-  float* dst = batch.q.data_ptr<float>();
-  for (size_t r = 0; r < slots.size(); ++r)
-    std::copy(src + static_cast<int64_t>(r) * vocab, src + static_cast<int64_t>(r + 1) * vocab, dst + slots[r] * vocab);
+  copy_rows(be, q, batch.q.view({-1, vocab}), slots);
 }
 
 DraftBatch SdDrafter::draft(const std::vector<Sequence*>& seqs, const std::vector<int64_t>& counts) {

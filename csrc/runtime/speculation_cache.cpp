@@ -14,7 +14,7 @@ void DraftSequence::propose(std::vector<int32_t> proposal, std::vector<RankedTok
   source = from;
 }
 
-Speculation DraftSequence::answer(SpecSource from, std::vector<float> q, bool one_hot) const {
+Speculation DraftSequence::answer(SpecSource from, at::Tensor q, bool one_hot) const {
   Speculation r;
   r.id = id;
   r.epoch = epoch;

@@ -31,7 +31,7 @@ struct TreeBranch {
 /// The speculation drafted along a branch: what the worker answers on a hit.
 struct CachedSpeculation {
   std::vector<int32_t> tokens;
-  std::vector<float> q;
+  at::Tensor q;  ///< [K, vocab] on the draft's device
   std::vector<RankedTokens> ranked;
   size_t branch = 0;  ///< index into DraftSequence::branches
 };
@@ -65,7 +65,7 @@ struct DraftSequence {
   /// Makes `tokens` the outstanding speculation, with a ranked list per fork point.
   void propose(std::vector<int32_t> proposal, std::vector<RankedTokens> lists, int64_t K, SpecSource from);
   /// The answer to the target carrying the outstanding speculation.
-  Speculation answer(SpecSource from, std::vector<float> q, bool one_hot) const;
+  Speculation answer(SpecSource from, at::Tensor q, bool one_hot) const;
 };
 
 /// Copies the KV of positions [begin, end) from one block table's slots to

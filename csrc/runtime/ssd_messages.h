@@ -7,6 +7,8 @@
 // dropped.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -45,7 +47,7 @@ struct Speculation {
   uint64_t epoch = 0;
   SpecSource source = SpecSource::kStart;
   std::vector<int32_t> tokens;  ///< K proposals
-  std::vector<float> q;         ///< [K, vocab] exact rows; empty when one_hot
+  at::Tensor q;                 ///< [K, vocab] f32 exact rows on the draft's device; undefined when one_hot
   bool one_hot = false;
   std::string error;            ///< non-empty: drafting failed for this sequence
 };

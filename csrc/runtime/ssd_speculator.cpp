@@ -105,10 +105,9 @@ std::vector<DraftFailure> SsdSpeculator::propose(std::vector<ScheduledChunk>& ch
       const auto drafted = static_cast<int64_t>(spec.tokens.size());
       const auto count = std::min<int64_t>(c.draft_tokens, drafted);
       p.tokens.assign(spec.tokens.begin(), spec.tokens.begin() + count);
-      if (!spec.q.empty()) {
-        // Host rows (the worker ranks its trees there): a view, valid until the next propose.
-        const int64_t vocab = static_cast<int64_t>(spec.q.size()) / drafted;
-        p.q = at::from_blob(const_cast<float*>(spec.q.data()), {drafted, vocab}, at::kFloat);
+      if (spec.q.defined()) {
+        // The rows on the draft's device; verify copies them to the target's.
+        p.q = spec.q;
         if (fault_truncated_q_) p.q = p.q.narrow(0, drafted - count, count);
       }
       p.one_hot = spec.one_hot;

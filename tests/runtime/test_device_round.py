@@ -136,6 +136,25 @@ def test_sd_draft_reads_back_only_its_tokens(pair, placement):
     assert 0 < stats["draft_host_bytes"] <= 8 * 6 * stats["draft_forwards"]
 
 
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("coupling", ["rejection", "gumbel"])
+def test_ssd_draft_reads_back_only_tokens_and_lists(pair, placement, coupling):
+    """ssd's draws and its trees' rankings run on the draft's device: a row
+    reads back its token (8 bytes) and its ranked list (depth 3 here: 3 ids, and
+    under the Gumbel coupling their scores, 8 bytes each), never the row of
+    256 logits (1 KiB). Every tree branch samples k rows, so a draft reading
+    rows would pass 1 KiB per branch row; the lists stay far below."""
+    target, draft = pair
+    params = greedy(32) if coupling == "rejection" else seeded(32, 4)
+    batch = prompts(4, seed=3)
+    want, _, _ = run(target, params, batch, coupling=coupling, **target_only(placement))
+    got, stats, _ = run(target, params, batch, coupling=coupling, draft=draft, max_batch=4, fanout=[1, 1, 1, 1],
+                        **MODES["ssd"], **placement)
+    assert got == want
+    assert stats["tree_branches"] > 0
+    assert 0 < stats["draft_host_bytes"] < 256 * MODES["ssd"]["k"] * stats["tree_branches"]
+
+
 @pytest.mark.parametrize("mode", ["sd", "ssd"])
 def test_greedy_with_preemption_equals_ar(pair, mode):
     target, draft = pair
