@@ -26,6 +26,11 @@ at::Tensor upload(const model::Backend& backend, const std::vector<T>& values, a
   return cpu ? host : host.to(backend.device(), dtype, /*non_blocking=*/true);
 }
 
+/// Bytes of one row of a contiguous tensor [n, ...].
+inline int64_t row_bytes(const at::Tensor& t) {
+  return t.numel() == 0 ? 0 : static_cast<int64_t>(t.nbytes()) / t.size(0);
+}
+
 /// Rows `rows` of src [n, ...] (contiguous) as a new tensor on its device:
 /// src itself when the rows are all of it in order, one index_select on a
 /// device, plain copies on the CPU (whose ATen ops would wake their thread
@@ -40,10 +45,10 @@ inline at::Tensor select_rows(const model::Backend& backend, const at::Tensor& s
   std::vector<int64_t> sizes = c.sizes().vec();
   sizes[0] = n;
   at::Tensor out = at::empty(sizes, c.options());
-  const int64_t row_bytes = c.numel() == 0 ? 0 : static_cast<int64_t>(c.nbytes()) / c.size(0);
+  const int64_t bytes = row_bytes(c);
   const auto* from = static_cast<const char*>(c.data_ptr());
   auto* to = static_cast<char*>(out.data_ptr());
-  for (int64_t i = 0; i < n; ++i) std::copy_n(from + rows[i] * row_bytes, row_bytes, to + i * row_bytes);
+  for (int64_t i = 0; i < n; ++i) std::copy_n(from + rows[i] * bytes, bytes, to + i * bytes);
   return out;
 }
 
@@ -56,11 +61,11 @@ inline void copy_rows(const model::Backend& backend, const at::Tensor& src, cons
     return;
   }
   const at::Tensor c = src.contiguous();
-  const int64_t row_bytes = c.numel() == 0 ? 0 : static_cast<int64_t>(c.nbytes()) / c.size(0);
+  const int64_t bytes = row_bytes(c);
   const auto* from = static_cast<const char*>(c.data_ptr());
   auto* to = static_cast<char*>(dst.data_ptr());
   for (size_t i = 0; i < slots.size(); ++i)
-    std::copy_n(from + static_cast<int64_t>(i) * row_bytes, row_bytes, to + slots[i] * row_bytes);
+    std::copy_n(from + static_cast<int64_t>(i) * bytes, bytes, to + slots[i] * bytes);
 }
 
 /// Device tensors read back to the host, their bytes counted (read by one

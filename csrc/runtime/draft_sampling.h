@@ -8,9 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "../kernels/cpu/gumbel.h"
 #include "../kernels/cpu/sampling.h"
-#include "../kernels/cpu/saguaro_sample.h"
 #include "../model/backend.h"
 #include "device_io.h"
 #include "ssd/config.h"

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <stdexcept>
 
 #include "coupling.h"
@@ -149,9 +148,9 @@ void PathDecoder::decode(std::vector<DraftPath>& paths, const std::vector<int64_
   const model::Backend& be = model_.backend();
   // The draft's stream (and device) for the forwards, the draws and the rankings.
   const auto scope = be.forward_scope();
-  int64_t forwards = 1, steps = 0;
+  int64_t steps = 0;
   for (const DraftPath& p : paths) steps = std::max(steps, p.steps);
-  forwards = std::max(forwards, steps);
+  const int64_t forwards = std::max<int64_t>(1, steps);  // a scoring-only decode still runs one forward
   // Every path's sampled rows in one buffer on the device, [paths, steps, vocab].
   const at::Tensor q_all =
       at::empty({static_cast<int64_t>(paths.size()), steps, vocab_}, at::TensorOptions().dtype(at::kFloat).device(be.device()));
