@@ -6,7 +6,7 @@ The wheel requires the torch release it was compiled against (torch==X.Y.*), and
 ssd/_build_info.py records that torch, so importing ssd beside another one is a
 clear ImportError rather than an undefined symbol.
 
-Environment: SSD_CUDA=auto|on|off, SSD_NATIVE=1|0, SSD_CUDA_ARCHS (GPU
+Environment: SSD_CUDA=auto|on|off, SSD_CUDA_ARCHS (GPU
 architectures, default "80;90"), SSD_BUILD_DIR (default build/py-<python>-torch<version>,
 kept between builds for incremental rebuilds).
 
@@ -231,7 +231,6 @@ class CMakeBuild(build_ext):
         build_dir.mkdir(parents=True, exist_ok=True)
         cache = build_dir / "CMakeCache.txt"
         fresh = cache.is_file() and needs_fresh(cache.read_text(errors="replace"), sys.executable, torch_cmake_dir())
-        native = "OFF" if os.environ.get("SSD_NATIVE", "1") == "0" else "ON"
         configure = [
             cmake, "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja", *(["--fresh"] if fresh else []),
             f"-DCMAKE_MAKE_PROGRAM={ninja}",
@@ -239,7 +238,6 @@ class CMakeBuild(build_ext):
             f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out_dir}",
             "-DCMAKE_BUILD_TYPE=Release",
             f"-DSSD_CUDA={cuda}",
-            f"-DSSD_NATIVE={native}",
             f"-DSSD_CUDA_ARCHS={os.environ.get('SSD_CUDA_ARCHS', '80;90')}",
         ]
         if cuda == "off":

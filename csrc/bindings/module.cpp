@@ -10,6 +10,7 @@
 
 #include <pybind11/stl.h>
 
+#include "../kernels/cpu/isa.h"
 #include "../model/model.h"
 #include "../model/runner.h"
 #include "checkpoint_glue.h"
@@ -376,6 +377,18 @@ void bind_models(py::module_& m) {
         "The model backends this build can run here: 'cpu', 'aten' and, with CUDA, 'cuda'.");
   m.def("device_problem", &model::device_problem, py::arg("device"),
         "'' when the device string names a usable device, else why not.");
+  m.def("cpu_isa", [] { return std::string(kernels::isa_name(kernels::active_isa())); },
+        "The instruction set the CPU kernels run on now: 'avx512', 'avx2' or 'portable'.");
+  m.def("cpu_isas",
+        [] {
+          std::vector<std::string> names;
+          for (kernels::Isa isa : kernels::supported_isas()) names.emplace_back(kernels::isa_name(isa));
+          return names;
+        },
+        "The instruction sets this CPU can run the kernels on, portable first.");
+  m.def("set_cpu_isa", &kernels::set_isa, py::arg("name"),
+        "Runs the CPU kernels on this instruction set from the next kernel call on, in every thread (all give "
+        "the same bits; for tests and benchmarks). ValueError for a name this CPU cannot run.");
 
   py::class_<model::SequenceRunner>(m, "SequenceRunner")
       .def(py::init<std::shared_ptr<model::Model>, int64_t, int64_t, int64_t>(), py::arg("model"),

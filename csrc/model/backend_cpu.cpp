@@ -14,7 +14,7 @@
 #include "../kernels/cpu/kv_commit.h"
 #include "../kernels/cpu/linear.h"
 #include "../kernels/cpu/ops.h"
-#include "../kernels/cpu/vec.h"
+#include "../kernels/cpu/bf16.h"
 #include "backend.h"
 #include "kv_cache.h"
 

@@ -65,6 +65,13 @@ def test_decode_rejects_bad_options():
     assert proc.returncode == 2 and "--max-tokens must be at least 2" in proc.stderr
     proc = bench("decode", "--threads", "0")
     assert proc.returncode == 2 and "must be positive" in proc.stderr
+    proc = bench("decode", "--cpu-isas", "sse4")
+    assert proc.returncode == 2 and "invalid choice: 'sse4'" in proc.stderr
+    from ssd import _C
+
+    if "avx512" not in _C.cpu_isas():
+        proc = bench("decode", "--cpu-isas", "avx2", "avx512")
+        assert proc.returncode == 2 and "this CPU cannot run avx512" in proc.stderr
 
 
 # ---------------------------------------------------------------- provenance
@@ -189,6 +196,19 @@ def test_decode_summary_and_table():
     text = table(rows, bw, bytes_per_token, max_tokens=4)
     assert "2.06x" in text and "2/4" in text and "copy bandwidth 1 thread(s): 20.00 GB/s" in text
     assert "WARNING: other processes used more than 10%" in text  # transformers ran beside 20% other load
+
+
+def test_decode_table_has_a_row_per_instruction_set():
+    from ssd.bench.decode import summarise, table
+
+    ssd_row, hf_row = _decode_rows()
+    rows = [{**ssd_row, "cpu_isa": "avx2"}, {**ssd_row, "cpu_isa": "portable", "rates": [3.0, 3.3, 3.6]}, hf_row]
+    summarise(rows, {1: {"gbps": 20.0}}, {"float32": 500_000_000})
+    assert [r["speedup_vs_transformers"] for r in rows] == [pytest.approx(33.0 / 16.0), pytest.approx(3.3 / 16.0),
+                                                            None]
+    lines = table(rows, {1: {"gbps": 20.0}}, {"float32": 500_000_000}, max_tokens=4).splitlines()
+    assert any(line.split()[2:5] == ["ssd", "(avx2)", "33.00"] for line in lines)
+    assert any(line.split()[2:5] == ["ssd", "(portable)", "3.30"] for line in lines)
 
 
 def test_decode_worker_measures_bandwidth_and_rejects_unknown_jobs(capsys):

@@ -69,10 +69,9 @@ def program() -> Path:
             pytest.fail(f"{' '.join(build)} failed:\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}")
         return folder / "ssd_generate"
     cuda = os.environ.get("SSD_CUDA", "auto")
-    native = "OFF" if os.environ.get("SSD_NATIVE", "1") == "0" else "ON"
     configure = ["cmake", "-S", str(REPO), "-B", str(BUILD_DIR), "-G", "Ninja",
                  "-DSSD_BUILD_PYTHON=OFF", f"-DPython_EXECUTABLE={sys.executable}",
-                 "-DCMAKE_BUILD_TYPE=Release", f"-DSSD_CUDA={cuda}", f"-DSSD_NATIVE={native}"]
+                 "-DCMAKE_BUILD_TYPE=Release", f"-DSSD_CUDA={cuda}"]
     if cuda == "off":
         configure.append("-DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON")
     build = ["cmake", "--build", str(BUILD_DIR), "--target", "ssd_generate"]

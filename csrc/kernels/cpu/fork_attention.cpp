@@ -1,5 +1,7 @@
 #include "fork_attention.h"
 
+#include "isa.h"
+
 namespace ssd::kernels {
 
 std::vector<RowRun> fork_attention_runs(const ForkAttentionParams& p) {
@@ -8,36 +10,7 @@ std::vector<RowRun> fork_attention_runs(const ForkAttentionParams& p) {
 
 void fork_attention_units(const ForkAttentionParams& p, const std::vector<RowRun>& runs, int64_t begin,
                           int64_t end) {
-  const PagedKv& kv = p.kv;
-  const int64_t group = p.num_heads / kv.num_kv_heads;
-  const int64_t d = kv.head_dim;
-  const int64_t row = kv.num_kv_heads * d;
-  AttentionScratch scratch;
-  for (int64_t unit = begin; unit < end; ++unit) {
-    const RowRun& run = runs[unit / kv.num_kv_heads];
-    const int64_t kv_head = unit % kv.num_kv_heads;
-    const int64_t first_head = kv_head * group * d;
-    scratch.rows.clear();
-    for (int64_t n = run.first; n < run.first + run.count; ++n)
-      scratch.rows.push_back({p.q + n * p.ldq + first_head, p.out + n * p.ldo + first_head,
-                              int64_t{p.prefix_len[n]} + p.path_len[n]});
-    const int32_t* table = p.block_tables + p.branch_seq[run.first] * p.max_blocks;
-    const float* k = kv.k + kv_head * d;
-    const float* v = kv.v + kv_head * d;
-    // Key i of branch run.first + r: prefix position i, then path slot i - prefix.
-    const auto offset = [&](int64_t r, int64_t i) {
-      const int64_t n = run.first + r;
-      const int64_t prefix = p.prefix_len[n];
-      if (i < prefix) return slot_of(table, i, kv.block_size) * row;
-      return (n * p.max_path + i - prefix) * row;
-    };
-    const auto in_prefix = [&](int64_t r, int64_t i) { return i < p.prefix_len[run.first + r]; };
-    const float* path_k = p.path_k + kv_head * d;
-    const float* path_v = p.path_v + kv_head * d;
-    const auto key_at = [&](int64_t r, int64_t i) { return (in_prefix(r, i) ? k : path_k) + offset(r, i); };
-    const auto value_at = [&](int64_t r, int64_t i) { return (in_prefix(r, i) ? v : path_v) + offset(r, i); };
-    attend_rows(scratch, group, d, p.scale, key_at, value_at);
-  }
+  SSD_ON_ACTIVE_ISA(fork_attention_units(p, runs, begin, end))
 }
 
 void fork_attention(const ForkAttentionParams& params, ThreadPool& pool) {

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "attention_softmax.h"
 #include "ops.h"
+#include "row_runs.h"
 #include "thread_pool.h"
 
 namespace ssd::kernels {

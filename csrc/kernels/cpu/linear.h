@@ -10,8 +10,9 @@
 //   count, so rows are bitwise batch invariant.
 // * The PAIR layout serves the draft's many-row products (its speculation
 //   tree): activations rounded to bf16, products of bf16 pairs accumulated in
-//   fp32 (AVX512-BF16 where the CPU has it). Each row is still computed the
-//   same way whatever m, but the numbers differ from the exact path.
+//   fp32 (AVX512-BF16 where the CPU has it and the avx512 kernels are
+//   active). Each row is still computed the same way whatever m, but the
+//   numbers differ from the exact path.
 #pragma once
 
 #include <cstdint>
@@ -20,8 +21,9 @@
 
 namespace ssd::kernels {
 
-/// Weight rows per tile of the exact layout.
+/// Weight rows per tile of the exact layout, and elements per k-chunk of a row.
 constexpr int64_t kTileRows = 4;
+constexpr int64_t kTileLanes = 16;
 /// Output columns per panel of the pair layout.
 constexpr int64_t kPanelCols = 64;
 
@@ -53,7 +55,8 @@ void pack_pairs(const WT* wp, int64_t n, int64_t k, uint16_t* out);
 void linear_pairs(const float* x, int64_t ldx, const uint16_t* wp, const float* bias, float* y,
                   int64_t ldy, int64_t m, int64_t n, int64_t k, ThreadPool& pool);
 
-/// Whether linear_pairs runs on AVX512-BF16 instructions (else it emulates them).
+/// Whether linear_pairs runs on AVX512-BF16 instructions (else it emulates
+/// them): the CPU has them and the active instruction set (isa.h) is avx512.
 bool pairs_native();
 
 }  // namespace ssd::kernels

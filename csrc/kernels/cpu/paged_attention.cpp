@@ -1,7 +1,8 @@
 #include "paged_attention.h"
 
-#include <algorithm>
 #include <cstring>
+
+#include "isa.h"
 
 namespace ssd::kernels {
 
@@ -24,33 +25,7 @@ std::vector<RowRun> paged_attention_runs(const PagedAttentionParams& p) {
 
 void paged_attention_units(const PagedAttentionParams& p, const std::vector<RowRun>& runs, int64_t begin,
                            int64_t end) {
-  const PagedKv& kv = p.kv;
-  const int64_t group = p.num_heads / kv.num_kv_heads;
-  const int64_t d = kv.head_dim;
-  const int64_t row = kv.num_kv_heads * d;
-  AttentionScratch scratch;
-  for (int64_t unit = begin; unit < end; ++unit) {
-    const RowRun& run = runs[unit / kv.num_kv_heads];
-    const int64_t kv_head = unit % kv.num_kv_heads;
-    const int64_t first_head = kv_head * group * d;
-    scratch.rows.clear();
-    const int32_t* table = p.block_tables + p.seq_of_token[run.first] * p.max_blocks;
-    for (int64_t t = run.first; t < run.first + run.count; ++t) {
-      if (table[p.positions[t] / kv.block_size] < 0) {  // padding: attends to nothing
-        std::fill_n(p.out + t * p.ldo + first_head, group * d, 0.0f);
-        continue;
-      }
-      const int64_t n = p.positions[t] + 1;
-      const int64_t first_key = p.window > 0 ? std::max<int64_t>(0, n - p.window) : 0;
-      scratch.rows.push_back({p.q + t * p.ldq + first_head, p.out + t * p.ldo + first_head, n, first_key});
-    }
-    if (scratch.rows.empty()) continue;
-    const float* k = kv.k + kv_head * d;
-    const float* v = kv.v + kv_head * d;
-    const auto key_at = [&](int64_t, int64_t pos) { return k + slot_of(table, pos, kv.block_size) * row; };
-    const auto value_at = [&](int64_t, int64_t pos) { return v + slot_of(table, pos, kv.block_size) * row; };
-    attend_rows(scratch, group, d, p.scale, key_at, value_at);
-  }
+  SSD_ON_ACTIVE_ISA(paged_attention_units(p, runs, begin, end))
 }
 
 void paged_attention(const PagedKv& kv, const float* q, int64_t ldq, float* out, int64_t ldo,

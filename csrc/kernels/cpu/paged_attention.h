@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "attention_softmax.h"
 #include "ops.h"
+#include "row_runs.h"
 
 namespace ssd::kernels {
 

@@ -1,5 +1,5 @@
 // RMSNorm on NVIDIA GPUs: one block per row, bitwise the math of
-// kernels/cpu/rms_norm.cpp. The CPU's sum of squares is kernels::dot (vec.h):
+// kernels/cpu/rms_norm.cpp. The CPU's sum of squares is kernels::dot (isa/vec.h):
 // 16 lanes, lane l a sequential fused multiply-add chain over the elements
 // i = l (mod 16) in index order (the masked tail adds exact zeros), then the
 // pairwise tree l + 8, + 4, + 2, + 1. Here the row goes through shared memory

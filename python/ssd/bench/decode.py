@@ -65,6 +65,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="weight dtypes (default: float32 bfloat16; --quick: float32)")
     ap.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES),
                     help="engines to run (default: both)")
+    ap.add_argument("--cpu-isas", nargs="+", choices=("avx512", "avx2", "portable"), default=None, metavar="ISA",
+                    help="run ssd's CPU kernels on each of these instruction sets (avx512, avx2, portable; "
+                         "default: the best this CPU has), one row each")
     ap.add_argument("--max-tokens", type=int, default=None, help="new tokens per generation (default 64; --quick 16)")
     ap.add_argument("--repeats", type=int, default=None, help="timed generations per config (default 3; --quick 1)")
     ap.add_argument("--prompt", default=None, help="prompt text (default: a HumanEval prompt)")
@@ -86,13 +89,25 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("--max-tokens must be at least 2 (the first token is excluded from the decode rate)")
     if args.repeats < 1 or any(t < 1 for t in args.threads) or args.bw_mb < 1:
         ap.error("--repeats, --threads and --bw-mb must be positive")
+    from ssd import _C
+
+    if args.cpu_isas is None:
+        args.cpu_isas = [_C.cpu_isa()]
+    elif missing := [isa for isa in args.cpu_isas if isa not in _C.cpu_isas()]:
+        ap.error(f"--cpu-isas: this CPU cannot run {', '.join(missing)} (it runs: {', '.join(_C.cpu_isas())})")
     return args
 
 
 def job_name(job: dict) -> str:
     if job["kind"] == "bandwidth":
         return f"bandwidth {job['threads']}T"
-    return f"{job['kind']} {job['dtype']} {job['threads']}T"
+    return f"{engine_label(job)} {job['dtype']} {job['threads']}T"
+
+
+def engine_label(row: dict) -> str:
+    """The engine, with the instruction set of ssd's kernels: "ssd (avx2)"."""
+    kind = row.get("kind", row.get("engine"))
+    return f"{kind} ({row['cpu_isa']})" if row.get("cpu_isa") else kind
 
 
 def run_job(job: dict, bar, timeout: float) -> dict:
@@ -170,7 +185,7 @@ def common_prefix(a: list[int] | None, b: list[int] | None) -> int | None:
 
 def summarise(rows: list[dict], bw: dict[int, dict], bytes_per_token: dict[str, int]) -> None:
     """Adds median, bound, fraction of bound, speedup over transformers and greedy agreement to each row."""
-    by_key = {(r["engine"], r["dtype"], r["threads"]): r for r in rows}
+    by_key = {(r["engine"], r["dtype"], r["threads"]): r for r in rows if r["engine"] == "transformers"}
     for r in rows:
         r["tok_s"] = statistics.median(r["rates"])
         r["tok_s_min"], r["tok_s_max"] = min(r["rates"]), max(r["rates"])
@@ -178,8 +193,12 @@ def summarise(rows: list[dict], bw: dict[int, dict], bytes_per_token: dict[str, 
         r["bytes_per_token"] = bytes_per_token[r["dtype"]]
         r["bound_tok_s"] = bw[r["threads"]]["gbps"] * 1e9 / r["bytes_per_token"]
         r["fraction_of_bound"] = r["tok_s"] / r["bound_tok_s"]
+    ssd_rows = {(r["dtype"], r["threads"]): r for r in rows if r["engine"] == "ssd"}  # one, for transformers' row
     for r in rows:
-        other = by_key.get(("transformers" if r["engine"] == "ssd" else "ssd", r["dtype"], r["threads"]))
+        if r["engine"] == "ssd":
+            other = by_key.get(("transformers", r["dtype"], r["threads"]))
+        else:
+            other = ssd_rows.get((r["dtype"], r["threads"]))
         r["speedup_vs_transformers"] = r["tok_s"] / other["tok_s"] if r["engine"] == "ssd" and other else None
         r["greedy_prefix_match"] = common_prefix(r["token_ids"], other["token_ids"]) if other else None
 
@@ -189,14 +208,15 @@ def _pct(fraction: float | None) -> str:
 
 
 def table(rows: list[dict], bw: dict[int, dict], bytes_per_token: dict[str, int], max_tokens: int) -> str:
-    head = (f"{'dtype':<9} {'thr':>3} {'engine':<13} {'decode tok/s':>12} {'(min-max)':>15} "
+    head = (f"{'dtype':<9} {'thr':>3} {'engine':<16} {'decode tok/s':>12} {'(min-max)':>15} "
             f"{'TTFT s':>7} {'bound tok/s':>11} {'% bound':>8} {'vs HF':>6} {'greedy=':>8} {'other CPU':>9}")
     lines = [head, "-" * len(head)]
-    for r in sorted(rows, key=lambda r: (DTYPES.index(r["dtype"]), r["threads"], ENGINES.index(r["engine"]))):
+    for r in sorted(rows, key=lambda r: (DTYPES.index(r["dtype"]), r["threads"], ENGINES.index(r["engine"]),
+                                         r.get("cpu_isa") or "")):
         speed = f"{r['speedup_vs_transformers']:.2f}x" if r["speedup_vs_transformers"] else ""
         agree = f"{r['greedy_prefix_match']}/{max_tokens}" if r["greedy_prefix_match"] is not None else ""
         spread = f"({r['tok_s_min']:.1f}-{r['tok_s_max']:.1f})"
-        lines.append(f"{r['dtype']:<9} {r['threads']:>3} {r['engine']:<13} {r['tok_s']:>12.2f} {spread:>15} "
+        lines.append(f"{r['dtype']:<9} {r['threads']:>3} {engine_label(r):<16} {r['tok_s']:>12.2f} {spread:>15} "
                      f"{r['ttft_s_median']:>7.3f} {r['bound_tok_s']:>11.1f} {100 * r['fraction_of_bound']:>7.1f}% "
                      f"{speed:>6} {agree:>8} {_pct(r.get('other_cpu_fraction')):>9}")
     lines.append("")
@@ -220,9 +240,10 @@ def make_jobs(args, model: Path, prompt_ids: list[int]) -> list[dict]:
     for dtype in args.dtypes:
         for t in threads:
             for engine in args.engines:
-                jobs.append({"kind": engine, "dtype": dtype, "threads": t, "model": str(model),
-                             "prompt_ids": prompt_ids, "max_tokens": args.max_tokens,
-                             "repeats": args.repeats, "max_model_len": args.max_model_len})
+                job = {"kind": engine, "dtype": dtype, "threads": t, "model": str(model), "prompt_ids": prompt_ids,
+                       "max_tokens": args.max_tokens, "repeats": args.repeats, "max_model_len": args.max_model_len}
+                isas = args.cpu_isas if engine == "ssd" else [None]
+                jobs += [{**job, "cpu_isa": isa} if isa else job for isa in isas]
     return jobs
 
 
@@ -241,7 +262,8 @@ def run_jobs(jobs: list[dict], wait_s: float, timeout: float) -> tuple[dict[int,
             if job["kind"] == "bandwidth":
                 bw[job["threads"]] = res
             else:
-                rows.append({"engine": job["kind"], "dtype": job["dtype"], "threads": job["threads"], **res})
+                rows.append({"engine": job["kind"], "dtype": job["dtype"], "threads": job["threads"],
+                             **({"cpu_isa": job["cpu_isa"]} if "cpu_isa" in job else {}), **res})
                 bar.write(f"{job_name(job)}: {statistics.median(res['rates']):.2f} tok/s "
                           f"(runs: {', '.join(f'{x:.2f}' for x in res['rates'])})")
     return bw, rows

@@ -41,6 +41,10 @@ def run_ssd(job: dict) -> dict:
     """ssd in ar mode; times from the engine's own request metrics."""
     from ssd import LLM, SamplingParams
 
+    if job.get("cpu_isa"):
+        from ssd import _C
+
+        _C.set_cpu_isa(job["cpu_isa"])
     llm = LLM(target=job["model"], mode="ar", max_model_len=job["max_model_len"],
               target_threads=job["threads"], dtype=job["dtype"])
     _step()

@@ -176,14 +176,15 @@ def write_sweep_plot(sweep: dict, directory: Path) -> Path:
 def write_decode_plot(path: Path, rows: list[dict], meta: dict, machine: dict) -> Path:
     """Bars of decode tok/s per (dtype, threads) and engine (median, min-max whiskers), with the
     bandwidth bound of each group as a dashed line."""
-    from .decode import DTYPES, ENGINES
+    from .decode import DTYPES, ENGINES, engine_label
 
     plt = _pyplot()
     groups = sorted({(r["dtype"], r["threads"]) for r in rows}, key=lambda g: (DTYPES.index(g[0]), g[1]))
-    engines = [e for e in ENGINES if any(r["engine"] == e for r in rows)]
-    by_key = {(r["engine"], r["dtype"], r["threads"]): r for r in rows}
+    engines = sorted({engine_label(r) for r in rows}, key=lambda e: (ENGINES.index(e.split()[0]), e))
+    by_key = {(engine_label(r), r["dtype"], r["threads"]): r for r in rows}
     width = 0.8 / len(engines)
-    colors = {"ssd": "#1f77b4", "transformers": "#ff7f0e"}
+    palette = ["#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e"]
+    colors = {e: "#ff7f0e" if e == "transformers" else palette[j % 3] for j, e in enumerate(engines)}
     fig, ax = plt.subplots(figsize=(3.6 + 2.0 * len(groups), 4.5))
     for j, engine in enumerate(engines):
         xs, heights, errs = [], [], [[], []]

@@ -14,13 +14,10 @@
 #include <limits>
 #include <vector>
 
+#include "../row_runs.h"
 #include "vec.h"
 
-namespace ssd::kernels {
-
-inline int64_t slot_of(const int32_t* table, int64_t pos, int64_t block_size) {
-  return static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
-}
+namespace ssd::kernels::SSD_ISA {
 
 // Cache lines of a key or value row are requested this many keys ahead:
 // rows of a paged cache are scattered, so the hardware prefetcher cannot
@@ -33,7 +30,6 @@ inline void prefetch_row(const float* row, int64_t d) {
 
 // Keys per register-blocked step of the value sum.
 constexpr int64_t kValueTile = 16;
-
 
 // o[i] = fma(w[p * w_stride], vals[p][i], o[i]) for p = 0..count-1 in order,
 // for NV 16-lane slices of o held in registers across the p loop (NV
@@ -54,7 +50,8 @@ inline void accumulate_slices(float* o, const float* w, int64_t w_stride, const 
 inline void accumulate_values(float* o, int64_t d, const float* w, int64_t w_stride, const float* const* vals,
                               int64_t count) {
   int64_t i = 0;
-  for (; i + 8 * kLanes <= d; i += 8 * kLanes) accumulate_slices<8>(o + i, w, w_stride, vals, count, i);
+  if constexpr (kVecRegs == 1)  // 8 slices are 16 registers where a Vec takes two
+    for (; i + 8 * kLanes <= d; i += 8 * kLanes) accumulate_slices<8>(o + i, w, w_stride, vals, count, i);
   for (; i + 4 * kLanes <= d; i += 4 * kLanes) accumulate_slices<4>(o + i, w, w_stride, vals, count, i);
   for (; i + 2 * kLanes <= d; i += 2 * kLanes) accumulate_slices<2>(o + i, w, w_stride, vals, count, i);
   for (; i + kLanes <= d; i += kLanes) accumulate_slices<1>(o + i, w, w_stride, vals, count, i);
@@ -172,20 +169,4 @@ void attend_rows(AttentionScratch& s, int64_t heads, int64_t d, float scale, Key
   }
 }
 
-/// Runs of consecutive entries of seq[0..n) with the same value, at most
-/// max_run long: the query rows that attend_rows can serve together.
-struct RowRun {
-  int64_t first;
-  int64_t count;
-};
-
-inline std::vector<RowRun> same_sequence_runs(const int32_t* seq, int64_t n, int64_t max_run) {
-  std::vector<RowRun> runs;
-  for (int64_t i = 0; i < n; ++i) {
-    if (!runs.empty() && seq[i] == seq[runs.back().first] && runs.back().count < max_run) ++runs.back().count;
-    else runs.push_back({i, 1});
-  }
-  return runs;
-}
-
-}  // namespace ssd::kernels
+}  // namespace ssd::kernels::SSD_ISA

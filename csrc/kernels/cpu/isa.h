@@ -1,0 +1,61 @@
+// Which instruction set the CPU kernels run on. The vector kernels
+// (kernels/cpu/isa: the packed products, attention, norms) are compiled three
+// times, for AVX-512 (x86-64-v4), AVX2 + FMA (x86-64-v3) and portable C++,
+// into namespaces of those names; the public functions dispatch to the best
+// one the CPU has, or to the one set_isa chose. All three give the same bits
+// (one operation order per output element, vec.h), so a forward may switch
+// between them and a model's outputs do not depend on the machine's
+// instruction set.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fork_attention.h"
+#include "linear.h"
+#include "ops.h"
+#include "paged_attention.h"
+#include "row_runs.h"
+#include "thread_pool.h"
+
+namespace ssd::kernels {
+
+enum class Isa : int { portable = 0, avx2 = 1, avx512 = 2 };
+
+/// "portable", "avx2" or "avx512".
+const char* isa_name(Isa isa);
+/// The instruction sets this CPU (and build) can run, portable first.
+std::vector<Isa> supported_isas();
+/// The one the kernels use now: the best supported unless set_isa chose one.
+Isa active_isa();
+/// Chooses the kernels' instruction set by name for every thread (the next
+/// kernel call uses it). Throws std::invalid_argument for an unknown name or
+/// one this CPU cannot run, naming the choices.
+void set_isa(const std::string& name);
+/// Whether the CPU has AVX512-BF16 (the pair kernels' native instructions).
+bool cpu_has_avx512_bf16();
+
+namespace portable {
+#include "isa/entry_points.inc"
+}
+namespace avx2 {
+#include "isa/entry_points.inc"
+}
+namespace avx512 {
+#include "isa/entry_points.inc"
+}
+
+}  // namespace ssd::kernels
+
+/// `return <isa>::CALL;` for the active instruction set.
+#if defined(SSD_X86_ISAS)
+#define SSD_ON_ACTIVE_ISA(...)                                                    \
+  switch (::ssd::kernels::active_isa()) {                                         \
+    case ::ssd::kernels::Isa::avx512: return ::ssd::kernels::avx512::__VA_ARGS__; \
+    case ::ssd::kernels::Isa::avx2: return ::ssd::kernels::avx2::__VA_ARGS__;     \
+    default: return ::ssd::kernels::portable::__VA_ARGS__;                        \
+  }
+#else
+#define SSD_ON_ACTIVE_ISA(...) return ::ssd::kernels::portable::__VA_ARGS__;
+#endif

@@ -1,0 +1,124 @@
+// The exact layout's product (linear.h), compiled once per instruction set.
+#include <algorithm>
+
+#include "../isa.h"
+#include "vec.h"
+
+namespace ssd::kernels::SSD_ISA {
+
+static_assert(kLanes == kTileLanes, "a tile chunk is one Vec wide");
+
+namespace {
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+constexpr int64_t kTileChunk = kTileRows * kLanes;  // elements per k-chunk of a tile
+// Activation rows per register block: 6 with 16-lane registers, 3 where a
+// Vec takes two (AVX2), so the accumulators stay in registers.
+constexpr int64_t kMaxGroup = 6 / kVecRegs;
+constexpr int64_t kPanelRows = 64;     // activation rows kept in cache per pass
+constexpr int64_t kAheadBytes = 8192;  // software prefetch distance
+
+// Tile rows one pass of an MR-row block accumulates: all 4 where MR x 4
+// accumulators fit the register budget, else 2 (AVX2 from 2 rows) in two
+// passes over the tile.
+template <int64_t MR>
+constexpr int64_t kColBlock = MR * kTileRows * kVecRegs <= kAccRegs ? kTileRows : 2;
+
+// Up to kMaxGroup activation rows against the 4 rows of one packed tile;
+// writes `cols` (<= 4) outputs per row. Per output the operation sequence is
+// dot()'s: fused multiply-adds over 16-lane chunks in index order, the tail
+// chunk with zero lanes, then vsum; how the block is cut into passes does not
+// change it.
+template <int64_t MR, typename WT>
+inline void tile_block(const float* x, int64_t ldx, const WT* tile, int64_t k, float* out,
+                       int64_t ldo, int64_t cols) {
+  constexpr int64_t J = kColBlock<MR>;
+  constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(WT));
+  constexpr int64_t kAhead = kAheadBytes / static_cast<int64_t>(sizeof(WT));
+  const int64_t full = k / kLanes;
+  for (int64_t j0 = 0; j0 < cols; j0 += J) {
+    Vec acc[MR][J];
+    for (int64_t i = 0; i < MR; ++i)
+      for (int64_t j = 0; j < J; ++j) acc[i][j] = vzero();
+    const WT* w = tile + j0 * kLanes;
+    for (int64_t c = 0; c < full; ++c, w += kTileChunk) {
+      // One activation row is bound by memory latency: pull the stream into
+      // L1. With more rows the loop is busier and L2 is close enough.
+      for (int64_t l = 0; l < J * kLanes; l += kLine) __builtin_prefetch(w + kAhead + l, 0, MR == 1 ? 3 : 2);
+      // From 3 rows a 16-lane block is bound by multiply-adds, not memory:
+      // operands stay in registers (vpin) so that each is loaded once per
+      // chunk. On AVX2 the registers are the accumulators'.
+      Vec wv[J];
+      for (int64_t j = 0; j < J; ++j) {
+        wv[j] = vload(w + j * kLanes);
+        if constexpr (MR >= 3 && kVecRegs == 1) vpin(wv[j]);
+      }
+      for (int64_t i = 0; i < MR; ++i) {
+        Vec xv = vload(x + i * ldx + c * kLanes);
+        if constexpr (MR >= 3 && kVecRegs == 1) vpin(xv);
+        for (int64_t j = 0; j < J; ++j) acc[i][j] = vfma(xv, wv[j], acc[i][j]);
+      }
+    }
+    if (const int64_t rest = k - full * kLanes; rest > 0) {
+      Vec wv[J];  // padded lanes are zero, as vload_tail would give
+      for (int64_t j = 0; j < J; ++j) wv[j] = vload(w + j * kLanes);
+      for (int64_t i = 0; i < MR; ++i) {
+        const Vec xv = vload_tail(x + i * ldx + full * kLanes, rest);
+        for (int64_t j = 0; j < J; ++j) acc[i][j] = vfma(xv, wv[j], acc[i][j]);
+      }
+    }
+    for (int64_t i = 0; i < MR; ++i)
+      for (int64_t j = 0; j < std::min(J, cols - j0); ++j) out[i * ldo + j0 + j] = vsum(acc[i][j]);
+  }
+}
+
+template <typename WT>
+void group_block(int64_t rows, const float* x, int64_t ldx, const WT* tile, int64_t k, float* out,
+                 int64_t ldo, int64_t cols) {
+  switch (rows) {
+    case 1: tile_block<1>(x, ldx, tile, k, out, ldo, cols); break;
+    case 2: tile_block<2>(x, ldx, tile, k, out, ldo, cols); break;
+    case 3: tile_block<3>(x, ldx, tile, k, out, ldo, cols); break;
+    case 4: tile_block<std::min<int64_t>(4, kMaxGroup)>(x, ldx, tile, k, out, ldo, cols); break;
+    case 5: tile_block<std::min<int64_t>(5, kMaxGroup)>(x, ldx, tile, k, out, ldo, cols); break;
+    default: tile_block<kMaxGroup>(x, ldx, tile, k, out, ldo, cols); break;
+  }
+}
+
+}  // namespace
+
+template <typename WT>
+void linear(const float* x, int64_t ldx, const WT* wp, const float* bias, float* y, int64_t ldy,
+            int64_t m, int64_t n, int64_t k, ThreadPool& pool) {
+  if (m <= 0 || n <= 0) return;
+  const int64_t tiles = ceil_div(n, kTileRows);
+  const int64_t tile_elems = ceil_div(k, kLanes) * kTileChunk;
+  // Tiles are the parallel dimension: each thread streams its own contiguous
+  // slice of the weights once per panel of activation rows.
+  pool.parallel_for(tiles, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t i0 = 0; i0 < m; i0 += kPanelRows) {
+      const int64_t i1 = std::min(m, i0 + kPanelRows);
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t cols = std::min(kTileRows, n - t * kTileRows);
+        for (int64_t i = i0; i < i1;) {
+          const int64_t left = i1 - i;
+          // Balanced groups of up to kMaxGroup rows (8 -> 4 + 4, 11 -> 6 + 5).
+          const int64_t rows = left <= kMaxGroup ? left : left <= 2 * kMaxGroup ? (left + 1) / 2 : kMaxGroup;
+          group_block(rows, x + i * ldx, ldx, wp + t * tile_elems, k, y + i * ldy + t * kTileRows, ldy, cols);
+          i += rows;
+        }
+      }
+    }
+    if (bias != nullptr)
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t c = t0 * kTileRows; c < std::min(n, t1 * kTileRows); ++c) y[i * ldy + c] += bias[c];
+  });
+}
+
+template void linear<float>(const float*, int64_t, const float*, const float*, float*, int64_t, int64_t, int64_t,
+                            int64_t, ThreadPool&);
+template void linear<uint16_t>(const float*, int64_t, const uint16_t*, const float*, float*, int64_t, int64_t,
+                               int64_t, int64_t, ThreadPool&);
+
+}  // namespace ssd::kernels::SSD_ISA
