@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -393,3 +394,29 @@ def test_bad_arguments_exit_2_with_usage(program, models, case):
 def test_help_exits_0(program):
     proc = subprocess.run([str(program), "--help"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.startswith("usage: ssd_generate")
+
+
+# The CPU kernels compiled for AVX2 and AVX-512 (kernels/cpu/isa, CMakeLists.txt) share one library
+# with baseline code. A symbol such an object defines outside its own namespace (an inline function
+# or template emitted out of line, say std::vector<float>'s) is a weak copy the linker may keep for
+# the whole library, and would run AVX instructions on a CPU without them.
+ISA_OBJECT_DIRS = {"ssd_kernels_isa1.dir": "avx2", "ssd_kernels_isa2.dir": "avx512",
+                   "ssd_kernels_avx512_bf16.dir": "avx512_bf16"}
+
+
+def test_instruction_set_objects_define_only_their_own_symbols(program):
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the per-instruction-set objects exist in x86-64 builds only")
+    nm = shutil.which("nm")
+    assert nm, "nm (binutils) is needed to read the kernels' object files"
+    folder = program.parent / "CMakeFiles"
+    for directory, namespace in ISA_OBJECT_DIRS.items():
+        objects = sorted((folder / directory).rglob("*.o"))
+        assert objects, f"no object files under {folder / directory}"
+        for obj in objects:
+            out = subprocess.run([nm, "-C", "--defined-only", str(obj)], capture_output=True, text=True, check=True)
+            for line in out.stdout.splitlines():
+                _, kind, name = line.split(" ", 2)
+                if kind.islower() and kind not in "uvw" or name == "DW.ref.__gxx_personality_v0":
+                    continue  # local to the object, or the shared reference to the C++ personality routine
+                assert f"ssd::kernels::{namespace}::" in name, f"{obj.name} ({namespace}) defines {kind} {name}"
