@@ -1,11 +1,12 @@
 // Which instruction set the CPU kernels run on. The vector kernels
 // (kernels/cpu/isa: the packed products, attention, norms) are compiled three
-// times, for AVX-512 (x86-64-v4), AVX2 + FMA (x86-64-v3) and portable C++,
-// into namespaces of those names; the public functions dispatch to the best
-// one the CPU has, or to the one set_isa chose. All three give the same bits
-// (one operation order per output element, vec.h), so a forward may switch
-// between them and a model's outputs do not depend on the machine's
-// instruction set.
+// times, for AVX-512 (F, BW, VL, DQ + FMA), AVX2 + FMA and portable C++, into
+// namespaces of those names; the public functions dispatch to the best one
+// the CPU has, or to the one set_isa chose. All three give the same bits (one
+// operation order per output element, vec.h), so a forward may switch between
+// them and a model's outputs do not depend on the choice. (The draft's bf16
+// pair kernels are another matter: they run where the CPU has AVX512-BF16,
+// whatever the choice; linear.h.)
 #pragma once
 
 #include <cstdint>

@@ -77,7 +77,7 @@ void pack_pairs(const WT* wp, int64_t n, int64_t k, uint16_t* out) {
   }
 }
 
-bool pairs_native() { return active_isa() == Isa::avx512 && cpu_has_avx512_bf16(); }
+bool pairs_native() { return cpu_has_avx512_bf16(); }
 
 void linear_pairs(const float* x, int64_t ldx, const uint16_t* wp, const float* bias, float* y,
                   int64_t ldy, int64_t m, int64_t n, int64_t k, ThreadPool& pool) {

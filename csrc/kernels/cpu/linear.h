@@ -10,9 +10,9 @@
 //   count, so rows are bitwise batch invariant.
 // * The PAIR layout serves the draft's many-row products (its speculation
 //   tree): activations rounded to bf16, products of bf16 pairs accumulated in
-//   fp32 (AVX512-BF16 where the CPU has it and the avx512 kernels are
-//   active). Each row is still computed the same way whatever m, but the
-//   numbers differ from the exact path.
+//   fp32 (AVX512-BF16 where the CPU has it, whatever isa.h's choice). Each
+//   row is still computed the same way whatever m, but the numbers differ
+//   from the exact path.
 #pragma once
 
 #include <cstdint>
@@ -56,7 +56,7 @@ void linear_pairs(const float* x, int64_t ldx, const uint16_t* wp, const float* 
                   int64_t ldy, int64_t m, int64_t n, int64_t k, ThreadPool& pool);
 
 /// Whether linear_pairs runs on AVX512-BF16 instructions (else it emulates
-/// them): the CPU has them and the active instruction set (isa.h) is avx512.
+/// them): whether the CPU has them.
 bool pairs_native();
 
 }  // namespace ssd::kernels

@@ -1,6 +1,6 @@
 // The pair layout's product on AVX512-BF16 (vdpbf16ps), compiled once with
-// -march=x86-64-v4 -mavx512bf16 and called only where the CPU has it
-// (linear.cpp's linear_pairs).
+// the avx512 kernels' flags plus -mavx512bf16 and called only where the CPU
+// has them (linear.cpp's linear_pairs).
 #include <immintrin.h>
 
 #include <algorithm>
