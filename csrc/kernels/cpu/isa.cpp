@@ -7,7 +7,7 @@ namespace ssd::kernels {
 
 namespace {
 
-bool cpu_has(Isa isa) {
+bool detect(Isa isa) {
 #if defined(__x86_64__) && defined(SSD_X86_ISAS)
   __builtin_cpu_init();
   switch (isa) {
@@ -22,6 +22,12 @@ bool cpu_has(Isa isa) {
 #else
   return isa == Isa::portable;  // a build without the x86 copies
 #endif
+}
+
+// Asked once: the pair kernels' check runs on every draft product.
+bool cpu_has(Isa isa) {
+  static const bool has[3] = {true, detect(Isa::avx2), detect(Isa::avx512)};
+  return has[static_cast<int>(isa)];
 }
 
 Isa best_isa() {
@@ -72,8 +78,8 @@ void set_isa(const std::string& name) {
 
 bool cpu_has_avx512_bf16() {
 #if defined(__x86_64__) && defined(SSD_X86_ISAS)
-  __builtin_cpu_init();
-  return cpu_has(Isa::avx512) && __builtin_cpu_supports("avx512bf16");
+  static const bool has = cpu_has(Isa::avx512) && (__builtin_cpu_init(), __builtin_cpu_supports("avx512bf16"));
+  return has;
 #else
   return false;
 #endif

@@ -185,7 +185,6 @@ def common_prefix(a: list[int] | None, b: list[int] | None) -> int | None:
 
 def summarise(rows: list[dict], bw: dict[int, dict], bytes_per_token: dict[str, int]) -> None:
     """Adds median, bound, fraction of bound, speedup over transformers and greedy agreement to each row."""
-    by_key = {(r["engine"], r["dtype"], r["threads"]): r for r in rows if r["engine"] == "transformers"}
     for r in rows:
         r["tok_s"] = statistics.median(r["rates"])
         r["tok_s_min"], r["tok_s_max"] = min(r["rates"]), max(r["rates"])
@@ -193,12 +192,10 @@ def summarise(rows: list[dict], bw: dict[int, dict], bytes_per_token: dict[str, 
         r["bytes_per_token"] = bytes_per_token[r["dtype"]]
         r["bound_tok_s"] = bw[r["threads"]]["gbps"] * 1e9 / r["bytes_per_token"]
         r["fraction_of_bound"] = r["tok_s"] / r["bound_tok_s"]
-    ssd_rows = {(r["dtype"], r["threads"]): r for r in rows if r["engine"] == "ssd"}  # one, for transformers' row
+    # Each ssd row against transformers' row; transformers' row against one ssd row (the last).
+    by_engine = {e: {(r["dtype"], r["threads"]): r for r in rows if r["engine"] == e} for e in ENGINES}
     for r in rows:
-        if r["engine"] == "ssd":
-            other = by_key.get(("transformers", r["dtype"], r["threads"]))
-        else:
-            other = ssd_rows.get((r["dtype"], r["threads"]))
+        other = by_engine["transformers" if r["engine"] == "ssd" else "ssd"].get((r["dtype"], r["threads"]))
         r["speedup_vs_transformers"] = r["tok_s"] / other["tok_s"] if r["engine"] == "ssd" and other else None
         r["greedy_prefix_match"] = common_prefix(r["token_ids"], other["token_ids"]) if other else None
 
