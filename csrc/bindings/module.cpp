@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <map>
 #include <optional>
 #include <utility>
 
@@ -88,6 +89,7 @@ EngineConfig engine_config_fields(const py::dict& d) {
   get(d, "kv_capacity_tokens", c.kv_capacity_tokens);
   get(d, "kv_cache_gib", c.kv_cache_gib);
   get(d, "dtype", c.dtype);
+  get(d, "draft_dtype", c.draft_dtype);
   get(d, "target_device", c.target_device);
   get(d, "target_threads", c.target_threads);
   get(d, "draft_device", c.draft_device);
@@ -363,14 +365,22 @@ void bind_config_testing(py::module_& m) {
 void bind_models(py::module_& m) {
   py::class_<model::Model, std::shared_ptr<model::Model>>(m, "Model")
       .def(py::init([](const py::dict& config, const py::dict& weights, const std::string& device,
-                       const std::string& backend, bool batch_invariant) {
+                       const std::string& backend, bool batch_invariant,
+                       const std::map<std::string, std::string>& formats) {
              model::ModelPlacement placement{device, backend, model::BackendOptions{batch_invariant}};
-             return std::make_shared<model::Model>(model_config_from(config), weight_map_from(weights), placement);
+             model::FormatMap format_map;
+             for (const auto& [name, format] : formats) format_map.emplace(name, kernels::quant_type(format));
+             return std::make_shared<model::Model>(model_config_from(config), weight_map_from(weights), placement,
+                                                   format_map);
            }),
            py::arg("config"), py::arg("weights"), py::arg("device") = "cpu", py::arg("backend") = "auto",
-           py::arg("batch_invariant") = true)
+           py::arg("batch_invariant") = true, py::arg("formats") = std::map<std::string, std::string>{},
+           "weights: HF name -> tensor; formats: name -> GGUF block format (q8_0, q4_0, q4_1) of the weights "
+           "passed as uint8 GGUF rows [n, row bytes].")
       .def_property_readonly("vocab_size", [](const model::Model& m) { return m.config().vocab_size; })
       .def_property_readonly("bf16", &model::Model::bf16)
+      .def_property_readonly("weight_bytes", &model::Model::weight_bytes,
+                             "Bytes the backend holds for the weights (matrices, embedding, vectors).")
       .def_property_readonly("device", &model::Model::device)
       .def_property_readonly("backend", [](const model::Model& m) { return m.backend().name(); });
   m.def("available_backends", &model::available_backends,

@@ -9,6 +9,7 @@
 
 #include "../kernels/cpu/gumbel.h"
 #include "../kernels/cpu/linear.h"
+#include "../kernels/cpu/quant.h"
 #include "../kernels/cpu/ops.h"
 #include "../kernels/cpu/sampling.h"
 #include "../model/backend.h"
@@ -193,6 +194,52 @@ void bind_kernel_pieces(py::module_& m) {
         py::arg("x"), py::arg("w"), py::arg("bias") = py::none(), py::arg("pairs") = false, py::arg("threads") = 1,
         "y = x @ w.T (+ bias) through the model's packed kernels: the exact layout (fp32 "
         "activations, batch invariant) or, with pairs=True, the draft's bf16 pair kernels.");
+  m.def("quant_linear",
+        [](const at::Tensor& x, const at::Tensor& blocks, const std::string& format, int64_t k,
+           const c10::optional<at::Tensor>& bias, int64_t threads) {
+          const kernels::QuantType type = kernels::quant_type(format);
+          TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 &&
+                          blocks.size(1) == kernels::gguf_row_bytes(type, k),
+                      "blocks must be uint8 GGUF rows [n, row bytes of k weights]");
+          TORCH_CHECK(x.dim() == 2 && x.size(1) == k, "x must be [m, k]");
+          const at::Tensor xs = x.scalar_type() == at::kFloat && x.stride(1) == 1 ? x : x.to(at::kFloat).contiguous();
+          const at::Tensor rows = blocks.contiguous();
+          const int64_t m = x.size(0), n = blocks.size(0);
+          at::Tensor b;
+          if (bias.has_value()) b = bias->to(at::kFloat).contiguous();
+          // Packed in two parts (as a fused matrix is), the first not a whole number of tiles.
+          at::Tensor packed = at::zeros({kernels::quant_packed_bytes(type, n, k)}, at::kByte);
+          const int64_t first = n / 2;
+          kernels::quant_pack(type, rows.data_ptr<uint8_t>(), first, k, 0, packed.data_ptr<uint8_t>());
+          kernels::quant_pack(type, rows.data_ptr<uint8_t>() + first * rows.size(1), n - first, k, first,
+                              packed.data_ptr<uint8_t>());
+          at::Tensor y = at::empty({m, n}, at::kFloat);
+          kernels::ThreadPool pool(threads);
+          kernels::linear_quant(type, xs.data_ptr<float>(), xs.stride(0), packed.data_ptr<uint8_t>(),
+                                b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>(), n, m, n, k, pool);
+          // Every row of the packed matrix, dequantised as the product sees it.
+          at::Tensor dense = at::empty({n, k}, at::kFloat);
+          for (int64_t r = 0; r < n; ++r)
+            kernels::quant_row(type, packed.data_ptr<uint8_t>(), n, k, r, dense.data_ptr<float>() + r * k);
+          return std::make_pair(y, dense);
+        },
+        py::arg("x"), py::arg("blocks"), py::arg("format"), py::arg("k"), py::arg("bias") = py::none(),
+        py::arg("threads") = 1,
+        "GGUF blocks [n, row bytes] of `format` (q8_0, q4_0, q4_1) packed as the model packs them -> "
+        "(y = x @ w.T (+ bias) [m, n] through the quantized kernel, the packed rows dequantised [n, k]).");
+  m.def("quant_dequantize",
+        [](const at::Tensor& blocks, const std::string& format, int64_t k) {
+          const kernels::QuantType type = kernels::quant_type(format);
+          TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 &&
+                          blocks.size(1) == kernels::gguf_row_bytes(type, k),
+                      "blocks must be uint8 GGUF rows [n, row bytes of k weights]");
+          const at::Tensor rows = blocks.contiguous();
+          at::Tensor dense = at::empty({blocks.size(0), k}, at::kFloat);
+          kernels::quant_dequantize(type, rows.data_ptr<uint8_t>(), blocks.size(0), k, dense.data_ptr<float>());
+          return dense;
+        },
+        py::arg("blocks"), py::arg("format"), py::arg("k"),
+        "GGUF blocks [n, row bytes] -> fp32 [n, k], the C++ dequantisation (the fallback of mixed matrices).");
   m.def("thread_pool_visits",
         [](int64_t n, int64_t grain, int64_t threads, int64_t jobs) {
           kernels::ThreadPool pool(threads);

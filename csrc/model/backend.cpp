@@ -30,6 +30,24 @@ at::Tensor Backend::vector(const at::Tensor& v) const {
   return v.to(device(), at::kFloat).contiguous();
 }
 
+Matrix Backend::quantized_matrix(const std::vector<at::Tensor>& parts, kernels::QuantType type, int64_t,
+                                 int64_t k) const {
+  std::vector<at::Tensor> dense;
+  for (const at::Tensor& part : parts) dense.push_back(dequantized(part, type, k));
+  return matrix(dense.size() == 1 ? dense[0] : at::cat(dense), at::kFloat);
+}
+
+at::Tensor Backend::embed_rows(const Matrix&, const DeviceBatch&) const {
+  throw std::logic_error(name() + " backend: no quantized embedding tables");
+}
+
+at::Tensor dequantized(const at::Tensor& blocks, kernels::QuantType type, int64_t k) {
+  const at::Tensor rows = blocks.to(at::kCPU).contiguous();
+  at::Tensor dense = at::empty({rows.size(0), k}, at::kFloat);
+  kernels::quant_dequantize(type, rows.data_ptr<uint8_t>(), rows.size(0), k, dense.data_ptr<float>());
+  return dense;
+}
+
 at::Tensor Backend::embedding(const at::Tensor& table, at::ScalarType dtype) const {
   return table.to(device(), dtype).contiguous();
 }

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "../kernels/cpu/quant.h"
 #include "../kernels/cpu/thread_pool.h"
 
 namespace ssd::model {
@@ -45,10 +46,13 @@ struct ForwardInput {
   int64_t matmul_min_rows = 0;
 };
 
-/// A weight matrix [n, k] in the backend's layout.
+/// A weight matrix [n, k] in the backend's layout: dense (fp32 or bf16
+/// data), or kept in a quantized block format (`quant`; kernels/cpu/quant.h)
+/// where the backend multiplies such blocks itself.
 struct Matrix {
   at::Tensor data;
   int64_t n = 0, k = 0;
+  kernels::QuantType quant = kernels::QuantType::none;
 };
 
 /// One forward's index arrays on the device, uploaded once per forward.
@@ -101,6 +105,13 @@ class Backend {
   // ---- weights (dense inputs are host or device tensors, any float dtype)
   /// dense [n, k] -> this backend's layout, stored in `dtype` (kFloat / kBFloat16).
   virtual Matrix matrix(const at::Tensor& dense, at::ScalarType dtype) const = 0;
+  /// GGUF blocks of an [n, k] matrix -> this backend's layout: `parts` are
+  /// its rows in order (fused q/k/v, gate/up), each uint8 [rows_i,
+  /// gguf_row_bytes(type, k)]. The cpu backend keeps the blocks
+  /// (Matrix::quant); the default dequantises them (dequantized()) into an
+  /// fp32 matrix.
+  virtual Matrix quantized_matrix(const std::vector<at::Tensor>& parts, kernels::QuantType type, int64_t n,
+                                  int64_t k) const;
   /// Norm weights and biases: fp32, contiguous, on the device.
   virtual at::Tensor vector(const at::Tensor& v) const;
   /// The embedding table [vocab, h] in `dtype`, on the device.
@@ -127,6 +138,10 @@ class Backend {
   virtual DeviceBatch upload(const ForwardInput& in) const;
   /// [T, h] fp32 rows of the embedding table.
   virtual at::Tensor embed(const at::Tensor& table, const DeviceBatch& b) const = 0;
+  /// [T, h] fp32 rows of an embedding table held as a quantized matrix (one
+  /// copy serving both lookup and, when tied, the logits). Only backends whose
+  /// quantized_matrix keeps blocks are asked; the default throws.
+  virtual at::Tensor embed_rows(const Matrix& table, const DeviceBatch& b) const;
   /// out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w over the last dim; x, out:
   /// [rows, n] or [T, heads, n] (out may alias x).
   virtual void rms_norm(const at::Tensor& x, const at::Tensor& w, float eps, const at::Tensor& out,
@@ -204,6 +219,10 @@ class Backend {
 /// copy_kv_slots' host check of its indices against a cache of num_slots
 /// slots: throws std::invalid_argument naming the first bad one.
 void check_kv_slots(const std::vector<int64_t>& src_slots, const std::vector<int64_t>& dst_slots, int64_t num_slots);
+
+/// GGUF blocks [n, gguf_row_bytes(type, k)] uint8 (host) -> fp32 [n, k] on
+/// the host: gguf's dequantisation, bit for bit.
+at::Tensor dequantized(const at::Tensor& blocks, kernels::QuantType type, int64_t k);
 
 /// The backend for a device ("cpu", "cuda", "cuda:N") and a backend name
 /// ("auto": the native one of that device, or "aten"). Throws

@@ -1,6 +1,7 @@
 // The cpu backend: the kernels of kernels/cpu, the oracle of every other
-// backend. Matrices are packed for kernels::linear; the bf16 pair layout of
-// the draft's many-row path is made on first use.
+// backend. Matrices are packed for kernels::linear, quantized ones for
+// kernels::linear_quant (kept in their blocks); the bf16 pair layout of the
+// draft's many-row path is made on first use (dense matrices only).
 #include <ATen/ATen.h>
 #include <ATen/ops/from_blob.h>
 #include <sys/mman.h>
@@ -14,6 +15,7 @@
 #include "../kernels/cpu/kv_commit.h"
 #include "../kernels/cpu/linear.h"
 #include "../kernels/cpu/ops.h"
+#include "../kernels/cpu/quant.h"
 #include "../kernels/cpu/bf16.h"
 #include "backend.h"
 #include "kv_cache.h"
@@ -54,6 +56,22 @@ class CpuBackend final : public Backend {
     return m;
   }
 
+  Matrix quantized_matrix(const std::vector<at::Tensor>& parts, kernels::QuantType type, int64_t n,
+                          int64_t k) const override {
+    Matrix m;
+    m.n = n;
+    m.k = k;
+    m.quant = type;
+    m.data = at::zeros({kernels::quant_packed_bytes(type, n, k)}, at::kByte);
+    int64_t first = 0;
+    for (const at::Tensor& part : parts) {
+      const at::Tensor rows = part.to(at::kCPU).contiguous();
+      kernels::quant_pack(type, rows.data_ptr<uint8_t>(), rows.size(0), k, first, m.data.data_ptr<uint8_t>());
+      first += rows.size(0);
+    }
+    return m;
+  }
+
   at::Tensor kv_storage(const std::vector<int64_t>& sizes) const override { return reserve_zeroed(sizes); }
 
   at::Tensor embed(const at::Tensor& table, const DeviceBatch& b) const override {
@@ -71,6 +89,15 @@ class CpuBackend final : public Backend {
         std::copy(row, row + h, o);
       }
     }
+    return out;
+  }
+
+  at::Tensor embed_rows(const Matrix& table, const DeviceBatch& b) const override {
+    const auto& tokens = b.host->tokens;
+    at::Tensor out = at::empty({static_cast<int64_t>(tokens.size()), table.k}, at::kFloat);
+    for (size_t t = 0; t < tokens.size(); ++t)
+      kernels::quant_row(table.quant, table.data.data_ptr<uint8_t>(), table.n, table.k, tokens[t],
+                         out.data_ptr<float>() + static_cast<int64_t>(t) * table.k);
     return out;
   }
 
@@ -92,9 +119,12 @@ class CpuBackend final : public Backend {
     at::Tensor y = at::empty({m, w.n}, at::kFloat);
     const float* b = bias.defined() ? bias.data_ptr<float>() : nullptr;
     const float* xp = x.data_ptr<float>();
+    if (w.quant != kernels::QuantType::none)  // exact whatever the rows (no pair layout of blocks)
+      kernels::linear_quant(w.quant, xp, x.stride(0), w.data.data_ptr<uint8_t>(), b, y.data_ptr<float>(), w.n, m, w.n,
+                            w.k, ctx.pool);
     // The pair kernels only where the CPU has AVX512-BF16: their lane-by-lane
     // emulation (kept for the kernel tests) is many times slower than linear.
-    if (ctx.matmul_min_rows > 0 && m >= ctx.matmul_min_rows && kernels::pairs_native())
+    else if (ctx.matmul_min_rows > 0 && m >= ctx.matmul_min_rows && kernels::pairs_native())
       kernels::linear_pairs(xp, x.stride(0), pair_weight(w), b, y.data_ptr<float>(), w.n, m, w.n, w.k, ctx.pool);
     else if (w.data.scalar_type() == at::kBFloat16)
       kernels::linear(xp, x.stride(0), bf16_data(w.data), b, y.data_ptr<float>(), w.n, m, w.n, w.k, ctx.pool);

@@ -57,31 +57,77 @@ std::vector<float> rope_inv_freq(const ModelConfig& c) {
   return inv;
 }
 
-Model::Model(const ModelConfig& config, const WeightMap& w, const ModelPlacement& placement)
+Matrix Model::load_matrix(const WeightMap& w, const FormatMap& formats,
+                          const std::vector<std::pair<std::string, int64_t>>& parts, int64_t k,
+                          at::ScalarType dtype) const {
+  const Backend& be = *backend_;
+  std::vector<at::Tensor> tensors;
+  std::vector<kernels::QuantType> types;
+  int64_t n = 0;
+  for (const auto& [name, rows] : parts) {
+    const auto it = formats.find(name);
+    const kernels::QuantType type = it == formats.end() ? kernels::QuantType::none : it->second;
+    if (type == kernels::QuantType::none) {
+      tensors.push_back(checked(w, name, {rows, k}));
+    } else {
+      const int64_t row_bytes = kernels::gguf_row_bytes(type, k);
+      const at::Tensor& t = fetch(w, name);
+      if (t.scalar_type() != at::kByte || t.sizes() != at::IntArrayRef{rows, row_bytes})
+        throw std::invalid_argument("weight '" + name + "' in " + kernels::quant_name(type) +
+                                    " must be uint8 GGUF rows [" + std::to_string(rows) + "," +
+                                    std::to_string(row_bytes) + "]");
+      tensors.push_back(t);
+    }
+    types.push_back(type);
+    n += rows;
+  }
+  const bool one_format = std::all_of(types.begin(), types.end(), [&](auto t) { return t == types[0]; });
+  if (one_format && types[0] != kernels::QuantType::none)
+    return be.quantized_matrix(tensors, types[0], n, k);
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (types[i] != kernels::QuantType::none) tensors[i] = dequantized(tensors[i], types[i], k);
+  return be.matrix(tensors.size() == 1 ? tensors[0] : at::cat(tensors), dtype);
+}
+
+Model::Model(const ModelConfig& config, const WeightMap& w, const ModelPlacement& placement,
+             const FormatMap& formats)
     : config_(config) {
   config_.validate();
   backend_ = make_backend(placement.device, placement.backend, placement.options);
   const Backend& be = *backend_;
   const auto& c = config_;
-  const at::Tensor& embed = checked(w, "model.embed_tokens.weight", {c.vocab_size, c.hidden_size});
-  bf16_ = embed.scalar_type() == at::kBFloat16;
-  // Matrices keep the model dtype (that of the embedding); vectors are fp32.
-  const auto dt = bf16_ ? at::kBFloat16 : at::kFloat;
-  embed_ = be.embedding(embed, dt);
-  final_norm_ = be.vector(checked(w, "model.norm.weight", {c.hidden_size}));
-  lm_head_ = be.matrix(c.tie_word_embeddings ? embed : checked(w, "lm_head.weight", {c.vocab_size, c.hidden_size}),
-                       dt);
   const int64_t h = c.hidden_size, d = c.head_dim;
+  const std::string embed_name = "model.embed_tokens.weight";
+  const auto embed_format = formats.find(embed_name);
+  if (embed_format == formats.end()) {
+    const at::Tensor& embed = checked(w, embed_name, {c.vocab_size, h});
+    bf16_ = embed.scalar_type() == at::kBFloat16;
+  }
+  // Dense matrices keep the model dtype (that of the embedding; fp32 beside a
+  // quantized one); vectors are fp32.
+  const auto dt = bf16_ ? at::kBFloat16 : at::kFloat;
+  if (embed_format == formats.end()) {
+    embed_ = be.embedding(fetch(w, embed_name), dt);
+  } else {  // one quantized copy for the lookup and, when tied, the logits
+    Matrix table = load_matrix(w, formats, {{embed_name, c.vocab_size}}, h, dt);
+    if (table.quant != kernels::QuantType::none) embed_rows_ = table;
+    else embed_ = be.embedding(dequantized(fetch(w, embed_name), embed_format->second, h), dt);
+    if (c.tie_word_embeddings) lm_head_ = table;
+  }
+  final_norm_ = be.vector(checked(w, "model.norm.weight", {c.hidden_size}));
+  if (!lm_head_.data.defined())
+    lm_head_ = load_matrix(w, formats, {{c.tie_word_embeddings ? embed_name : "lm_head.weight", c.vocab_size}}, h, dt);
   const int64_t q_out = c.num_heads * d, kv_out = c.num_kv_heads * d;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     Layer l;
     l.attn_norm = be.vector(checked(w, p + "input_layernorm.weight", {h}));
-    l.qkv = be.matrix(at::cat({checked(w, p + "self_attn.q_proj.weight", {q_out, h}),
-                               checked(w, p + "self_attn.k_proj.weight", {kv_out, h}),
-                               checked(w, p + "self_attn.v_proj.weight", {kv_out, h})}),
-                      dt);
-    l.o = be.matrix(checked(w, p + "self_attn.o_proj.weight", {h, q_out}), dt);
+    l.qkv = load_matrix(w, formats,
+                        {{p + "self_attn.q_proj.weight", q_out},
+                         {p + "self_attn.k_proj.weight", kv_out},
+                         {p + "self_attn.v_proj.weight", kv_out}},
+                        h, dt);
+    l.o = load_matrix(w, formats, {{p + "self_attn.o_proj.weight", h}}, q_out, dt);
     if (c.attention_bias || c.qkv_bias)
       l.qkv_bias = be.vector(at::cat({checked(w, p + "self_attn.q_proj.bias", {q_out}),
                                       checked(w, p + "self_attn.k_proj.bias", {kv_out}),
@@ -93,10 +139,8 @@ Model::Model(const ModelConfig& config, const WeightMap& w, const ModelPlacement
     }
     l.mlp_norm = be.vector(checked(w, p + "post_attention_layernorm.weight", {h}));
     const int64_t f = c.intermediate_size;
-    l.gate_up = be.matrix(at::cat({checked(w, p + "mlp.gate_proj.weight", {f, h}),
-                                   checked(w, p + "mlp.up_proj.weight", {f, h})}),
-                          dt);
-    l.down = be.matrix(checked(w, p + "mlp.down_proj.weight", {h, f}), dt);
+    l.gate_up = load_matrix(w, formats, {{p + "mlp.gate_proj.weight", f}, {p + "mlp.up_proj.weight", f}}, h, dt);
+    l.down = load_matrix(w, formats, {{p + "mlp.down_proj.weight", h}}, f, dt);
     if (c.mlp_bias) {
       l.gate_up_bias = be.vector(at::cat({checked(w, p + "mlp.gate_proj.bias", {f}),
                                           checked(w, p + "mlp.up_proj.bias", {f})}));
@@ -107,6 +151,22 @@ Model::Model(const ModelConfig& config, const WeightMap& w, const ModelPlacement
   const std::vector<float> inv = rope_inv_freq(c);
   inv_freq_ = be.vector(at::tensor(inv, at::kFloat));
   be.finish_loading();
+}
+
+int64_t Model::weight_bytes() const {
+  std::vector<const void*> seen;
+  int64_t bytes = 0;
+  const auto add = [&](const at::Tensor& t) {
+    if (!t.defined() || std::find(seen.begin(), seen.end(), t.data_ptr()) != seen.end()) return;
+    seen.push_back(t.data_ptr());
+    bytes += static_cast<int64_t>(t.nbytes());
+  };
+  for (const at::Tensor* t : {&embed_, &final_norm_, &inv_freq_, &embed_rows_.data, &lm_head_.data}) add(*t);
+  for (const Layer& l : layers_)
+    for (const at::Tensor* t : {&l.attn_norm, &l.qkv_bias, &l.q_norm, &l.k_norm, &l.o_bias, &l.mlp_norm,
+                                &l.gate_up_bias, &l.down_bias, &l.qkv.data, &l.o.data, &l.gate_up.data, &l.down.data})
+      add(*t);
+  return bytes;
 }
 
 // The kernels (and ATen's indexing on a GPU) trust the index arrays; a bad
@@ -207,7 +267,8 @@ at::Tensor Model::forward_device(const ForwardInput& in, KvCache& cache, kernels
   const auto scope = be.forward_scope();
   StepContext ctx{pool, in.matmul_min_rows};
   const DeviceBatch b = be.upload(in);
-  const at::Tensor x = be.embed(embed_, b);  // [T, h], the residual stream
+  // [T, h], the residual stream
+  const at::Tensor x = embed_.defined() ? be.embed(embed_, b) : be.embed_rows(embed_rows_, b);
   for (int64_t i = 0; i < c.num_layers; ++i) {
     attention_block(layers_[i], i, b, cache, x, ctx);
     mlp_block(layers_[i], x, ctx);

@@ -22,6 +22,9 @@
 namespace ssd::model {
 
 using WeightMap = std::unordered_map<std::string, at::Tensor>;
+/// Weights held in a GGUF block format (kernels/cpu/quant.h): name -> format.
+/// Such a weight [n, k] is passed as its GGUF rows, uint8 [n, gguf_row_bytes].
+using FormatMap = std::unordered_map<std::string, kernels::QuantType>;
 
 /// Where a model runs.
 struct ModelPlacement {
@@ -33,13 +36,23 @@ struct ModelPlacement {
 class Model {
  public:
   /// Weights use HuggingFace names; float32 or bfloat16 tensors on any device
-  /// (the backend copies them to its own). Throws std::invalid_argument naming
-  /// a missing or mis-shaped tensor, or a device this build or machine lacks.
-  Model(const ModelConfig& config, const WeightMap& weights, const ModelPlacement& placement = {});
+  /// (the backend copies them to its own), or for the matrices (embedding
+  /// included) GGUF blocks named in `formats`. Throws std::invalid_argument
+  /// naming a missing or mis-shaped tensor, or a device this build or machine
+  /// lacks.
+  ///
+  /// A quantized matrix stays in its blocks on a backend that multiplies them
+  /// (cpu), and its product equals the dequantised matrix's bit for bit; the
+  /// others dequantise it to fp32. Parts fused into one matrix (q/k/v,
+  /// gate/up) that differ in format are dequantised to the model's dtype.
+  Model(const ModelConfig& config, const WeightMap& weights, const ModelPlacement& placement = {},
+        const FormatMap& formats = {});
 
   const ModelConfig& config() const { return config_; }
   bool bf16() const { return bf16_; }
   const Backend& backend() const { return *backend_; }
+  /// Bytes the backend holds for the weights (one count per shared tensor).
+  int64_t weight_bytes() const;
   /// "cpu" or "cuda:N" (the backend's device).
   std::string device() const { return backend_->device().str(); }
 
@@ -58,6 +71,9 @@ class Model {
     Matrix qkv, o, gate_up, down;
   };
 
+  /// One weight matrix [sum of rows, k] from the named parts, fused in order.
+  Matrix load_matrix(const WeightMap& w, const FormatMap& formats,
+                     const std::vector<std::pair<std::string, int64_t>>& parts, int64_t k, at::ScalarType dtype) const;
   void check(const ForwardInput& input, const KvCache& cache) const;
   void attention_block(const Layer& layer, int64_t index, const DeviceBatch& batch, KvCache& cache,
                        const at::Tensor& x, StepContext& ctx) const;
@@ -67,6 +83,7 @@ class Model {
   std::unique_ptr<Backend> backend_;
   bool bf16_ = false;
   at::Tensor embed_, final_norm_, inv_freq_;
+  Matrix embed_rows_;  ///< the embedding when the backend keeps it quantized (embed_ undefined)
   Matrix lm_head_;
   std::vector<Layer> layers_;
 };

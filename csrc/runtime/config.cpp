@@ -199,8 +199,15 @@ void EngineConfig::validate(const TestingConfig& testing) const {
     bad("kv_capacity_tokens", "must hold at least one sequence of max_model_len (" +
                                   std::to_string(max_model_len) + ") tokens, got " +
                                   std::to_string(kv_capacity_tokens));
-  if (dtype != "float32" && dtype != "bfloat16")
-    bad("dtype", "must be 'float32' or 'bfloat16', got '" + dtype + "'");
+  const auto storage = [&](const char* field, const std::string& value, bool empty_ok) {
+    for (const char* name : {"float32", "bfloat16", "q8_0", "q4_0", "q4_1", "auto"})
+      if (value == name) return;
+    if (!(empty_ok && value.empty()))
+      bad(field, std::string("must be 'float32', 'bfloat16', 'q8_0', 'q4_0', 'q4_1' or 'auto'") +
+                     (empty_ok ? " ('' for dtype's)" : "") + ", got '" + value + "'");
+  };
+  storage("dtype", dtype, false);
+  storage("draft_dtype", draft_dtype, true);
   // Syntax and presence (this build, this machine): a CUDA device without a
   // GPU is refused here, before any weight is loaded.
   const Machine machine(testing);

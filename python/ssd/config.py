@@ -55,8 +55,11 @@ class EngineConfig:
     of max(1 GiB, 10 % of its memory), shared by the caches on it; on the
     CPU, 4 GiB.
     kv_capacity_tokens: KV slots per model, overriding kv_cache_gib (0: from
-    the budget). dtype: weight storage, "float32" or "bfloat16" (activations
-    and the KV cache are float32).
+    the budget). dtype: weight storage, "float32" or "bfloat16", a GGUF
+    block format for the matrices ("q8_0", "q4_0", "q4_1"; quantized at load)
+    or "auto" (a GGUF file's matrices stay in their own format where ssd has
+    kernels for it; see ssd.models.quantized); activations and the KV cache
+    are float32. draft_dtype: the draft's ("": dtype's).
 
     Speculative modes: k draft tokens per round. ssd (SAGUARO): fanout is
     "confidence" (a greedy sequence's tree holds the B outcomes most likely
@@ -116,6 +119,7 @@ class EngineConfig:
     kv_cache_gib: float | str = 4.0
     kv_capacity_tokens: int = 0
     dtype: str = "float32"
+    draft_dtype: str = ""
     target_device: str = "cpu"
     target_threads: int = 1
     draft_device: str = "cpu"

@@ -16,6 +16,7 @@ from typing import Iterator, Sequence
 
 from ssd import _logging
 from ssd.config import EngineConfig, SamplingParams
+from ssd.models.core import release_freed_memory
 from ssd.dispatch import RequestOutput, ResponseDispatcher, StreamChunk
 from ssd.models.tokenizer import TooManyTokens
 
@@ -60,7 +61,8 @@ class LLM:
     outcomes while the target verifies; same output law.
 
     target / draft: a path, or a ``LoadedModel`` from ``ssd.models.load``
-    (loaded with this config's dtype; reused, e.g. across several engines).
+    (loaded with this config's dtype, or draft_dtype for the draft; reused, e.g.
+    across several engines).
     testing: an ``ssd.testing.TestingConfig`` of test-only switches (tests only).
 
     >>> llm = LLM(target="path/to/model", mode="ar", max_model_len=1024)
@@ -77,8 +79,6 @@ class LLM:
             raise ValueError("draft: mode 'ar' takes no draft model (use mode='sd')")
         if config.mode != "ar" and draft is None:
             raise ValueError(f"draft: mode {config.mode!r} needs a draft model")
-        import torch
-
         from ssd import _C, models
         from ssd.testing.switches import TestingConfig
 
@@ -90,16 +90,16 @@ class LLM:
         self._shutdown_lock = threading.Lock()
         _logging.sync_level(_C)
 
-        def load(source):
+        def load(source, dtype):
             # An already loaded model (ssd.models.load with this config's dtype) is reused as is.
             if isinstance(source, models.LoadedModel):
                 return source
-            return models.load(source, dtype=getattr(torch, config.dtype))
+            return models.load(source, dtype=dtype)
 
         if draft is not None:
             models.loader.check_same_tokenizer(target, draft)  # before any weights load
-        self.model = load(target)
-        self.draft_model = None if draft is None else load(draft)
+        self.model = load(target, config.dtype)
+        self.draft_model = None if draft is None else load(draft, config.draft_dtype or config.dtype)
         core = self.model.core_model(config.target_device, config.backend, batch_invariant=config.batch_invariant)
         self.model.weights.clear()  # the core holds its own (fused) copies
         draft_core = None
@@ -107,6 +107,7 @@ class LLM:
             draft_core = self.draft_model.core_model(config.draft_device, config.backend,
                                                      batch_invariant=config.batch_invariant)
             self.draft_model.weights.clear()
+        release_freed_memory()  # the loaders' temporaries (a GGUF reader's metadata, fused parts)
         try:
             self._engine = _C.Engine(config.to_dict(), core, list(self.model.eos_token_ids), draft_core,
                                      testing.to_dict() if testing is not None else {})

@@ -211,6 +211,26 @@ def test_decode_table_has_a_row_per_instruction_set():
     assert any(line.split()[2:5] == ["ssd", "(portable)", "3.30"] for line in lines)
 
 
+def test_decode_quantized_rows_compare_with_bf16_and_run_ssd_only():
+    from pathlib import Path
+
+    from ssd.bench.decode import make_jobs, parse_args, summarise, table
+
+    ssd_row, hf_row = _decode_rows()
+    rows = [{**ssd_row, "dtype": "bfloat16", "rates": [50.0]}, {**ssd_row, "dtype": "q4_0", "rates": [110.0]},
+            {**hf_row, "dtype": "bfloat16"}]
+    per_token = {"bfloat16": 250_000_000, "q4_0": 80_000_000}
+    summarise(rows, {1: {"gbps": 20.0}}, per_token)
+    assert [r["speedup_vs_bf16"] for r in rows] == [pytest.approx(1.0), pytest.approx(2.2), None]
+    q4_line = next(line for line in table(rows, {1: {"gbps": 20.0}}, per_token, 4).splitlines()
+                   if line.startswith("q4_0"))
+    assert "2.20x" in q4_line and "250.0" in q4_line  # vs bf16, and the bound of its own bytes
+    jobs = make_jobs(parse_args(["--dtypes", "bfloat16", "q4_0", "auto", "--threads", "1"]), Path("m.gguf"), [1])
+    kinds = sorted((j["kind"], j.get("dtype")) for j in jobs)
+    assert kinds == [("bandwidth", None), ("ssd", "auto"), ("ssd", "bfloat16"), ("ssd", "q4_0"),
+                     ("transformers", "bfloat16")]
+
+
 def test_decode_worker_measures_bandwidth_and_rejects_unknown_jobs(capsys):
     from ssd.bench.decode_worker import MARK_RESULT, main
 

@@ -49,9 +49,11 @@ def write_tiny_gguf(path: Path, hf_config: transformers.PretrainedConfig,
                     arch: str | None = None, pre: str = "smollm", eos: str = "<|im_end|>",
                     chat_template: str | None = CHATML, drop: tuple[str, ...] = (),
                     extra_tensors: dict[str, np.ndarray] | None = None,
-                    sliding_window: int | None = None) -> Path:
+                    sliding_window: int | None = None, types: dict[str, str] | None = None) -> Path:
     """Write a GGUF (F32 tensors) the way llama.cpp's converter lays it out: `bpe` a byte-level
-    BPE tokenizer (train_byte_bpe in tests/models/test_loading.py) or None for none."""
+    BPE tokenizer (train_byte_bpe in tests/models/test_loading.py) or None for none. `types`:
+    HF name -> ggml type name ("Q4_0", "F16", ...) of tensors stored otherwise, quantized
+    by gguf-py from their (permuted) fp32 values."""
     arch = arch or hf_config.model_type
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name("tiny")
@@ -90,7 +92,13 @@ def write_tiny_gguf(path: Path, hf_config: transformers.PretrainedConfig,
             tensor = llamacpp_permute(tensor, hf_config.num_attention_heads)
         elif arch == "llama" and ".k_proj." in name:
             tensor = llamacpp_permute(tensor, hf_config.num_key_value_heads)
-        writer.add_tensor(gguf_tensor_name(name), tensor.float().numpy().copy())
+        array = tensor.float().numpy().copy()
+        kind = (types or {}).get(name)
+        if kind is None:
+            writer.add_tensor(gguf_tensor_name(name), array)
+        else:
+            qtype = getattr(gguf.GGMLQuantizationType, kind)
+            writer.add_tensor(gguf_tensor_name(name), gguf.quants.quantize(array, qtype), raw_dtype=qtype)
     for name, array in (extra_tensors or {}).items():
         writer.add_tensor(name, array)
     writer.write_header_to_file()

@@ -98,7 +98,11 @@ struct EngineConfig {
   /// Checked against each device's free memory (the CPU's: its RAM).
   double kv_cache_gib = 4.0;
   int64_t kv_capacity_tokens = 0;     ///< KV slots per model; 0: from kv_cache_gib
-  std::string dtype = "float32";      ///< weight storage: "float32" or "bfloat16"
+  /// Weight storage: "float32", "bfloat16", a GGUF block format for the
+  /// matrices ("q8_0", "q4_0", "q4_1") or "auto" (a GGUF file's own formats);
+  /// the models are loaded in Python (ssd/models/quantized.py).
+  std::string dtype = "float32";
+  std::string draft_dtype;            ///< the draft's weight storage; "": dtype's
   std::string target_device = "cpu";
   int64_t target_threads = 1;
   std::string draft_device = "cpu";

@@ -17,6 +17,7 @@
 #include "linear.h"
 #include "ops.h"
 #include "paged_attention.h"
+#include "quant.h"
 #include "row_runs.h"
 #include "thread_pool.h"
 

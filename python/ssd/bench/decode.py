@@ -1,7 +1,10 @@
 """``python -m ssd.bench decode``: batch-1 decode tok/s of ssd beside transformers, and the bandwidth bound.
 
 Model: SmolLM2-135M-Instruct from its Q4_1 GGUF (``ssd.assets.smollm2_gguf_path()``),
-dequantised by both loaders to float32 (and bfloat16 as an extra row). Each
+dequantised by both loaders to float32 (and bfloat16 as an extra row); ssd
+alone also runs it quantized: ``q8_0`` / ``q4_0`` (quantized at load) and
+``auto`` (the file's own q4_1 layers and q8_0 embedding, kept in their
+blocks; ssd.models.quantized). Each
 configuration (engine x dtype x threads) runs in a fresh process
 (``ssd.bench.decode_worker``): one untimed warm-up generation, then
 ``--repeats`` timed ones; the median is reported.
@@ -46,7 +49,9 @@ from .decode_worker import MARK_RESULT, MARK_STEP
 from .record import BENCH_PROG, command_line, write_result
 
 PROG = f"{BENCH_PROG} decode"
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16", "q8_0", "q4_0", "auto")
+# The dtypes transformers runs too (it reads the GGUF dequantised).
+FLOAT_DTYPES = ("float32", "bfloat16")
 ENGINES = ("ssd", "transformers")
 METHOD = ("decode tok/s = (generated - 1) / (t_last_token - t_first_token); prefill and the "
           "first token excluded. ssd: engine request metrics (finish_time - time_to_first_token). "
@@ -62,7 +67,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                                  epilog="full run: about 4 min on an idle 2-core machine; --quick: under 1 min")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="thread counts (default: 1 2)")
     ap.add_argument("--dtypes", nargs="+", choices=DTYPES, default=None,
-                    help="weight dtypes (default: float32 bfloat16; --quick: float32)")
+                    help="weight dtypes (default: all; --quick: float32); transformers runs float32 and "
+                         "bfloat16 only")
     ap.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES),
                     help="engines to run (default: both)")
     ap.add_argument("--cpu-isas", nargs="+", choices=("avx512", "avx2", "portable"), default=None, metavar="ISA",
@@ -154,8 +160,12 @@ def run_job(job: dict, bar, timeout: float) -> dict:
     return result
 
 
-def model_facts(path: Path, prompt_text: str) -> tuple[list[int], dict[str, int], dict]:
-    """Prompt ids (ssd's tokenizer), weight bytes read per decoded token per dtype, and the model's shape."""
+def model_facts(path: Path, prompt_text: str, dtypes: list[str]) -> tuple[list[int], dict[str, int], dict]:
+    """Prompt ids (ssd's tokenizer), weight bytes read per decoded token per dtype, and the model's shape.
+
+    Float dtypes count elements; a quantized dtype counts the bytes ssd's engine
+    holds for the weights (its blocks, the tied embedding once).
+    """
     from ssd.models import load
 
     model = load(path)
@@ -166,6 +176,9 @@ def model_facts(path: Path, prompt_text: str) -> tuple[list[int], dict[str, int]
         elements += weights["model.embed_tokens.weight"].numel()
     elements += cfg.hidden_size  # the one embedding row looked up
     bytes_per_token = {"float32": 4 * elements, "bfloat16": 2 * elements}
+    for dtype in dtypes:
+        if dtype not in FLOAT_DTYPES:
+            bytes_per_token[dtype] = load(path, dtype=dtype).core_model().weight_bytes
     info = {"architecture": cfg.architecture, "layers": cfg.num_layers, "hidden": cfg.hidden_size,
             "vocab": cfg.vocab_size, "tied_embeddings": cfg.tie_word_embeddings,
             "weight_elements_read_per_token": elements}
@@ -194,7 +207,10 @@ def summarise(rows: list[dict], bw: dict[int, dict], bytes_per_token: dict[str, 
         r["fraction_of_bound"] = r["tok_s"] / r["bound_tok_s"]
     # Each ssd row against transformers' row; transformers' row against one ssd row (the last).
     by_engine = {e: {(r["dtype"], r["threads"]): r for r in rows if r["engine"] == e} for e in ENGINES}
+    bf16 = {(r["threads"], r.get("cpu_isa")): r for r in rows if r["engine"] == "ssd" and r["dtype"] == "bfloat16"}
     for r in rows:
+        base = bf16.get((r["threads"], r.get("cpu_isa"))) if r["engine"] == "ssd" else None
+        r["speedup_vs_bf16"] = r["tok_s"] / base["tok_s"] if base else None
         other = by_engine["transformers" if r["engine"] == "ssd" else "ssd"].get((r["dtype"], r["threads"]))
         r["speedup_vs_transformers"] = r["tok_s"] / other["tok_s"] if r["engine"] == "ssd" and other else None
         r["greedy_prefix_match"] = common_prefix(r["token_ids"], other["token_ids"]) if other else None
@@ -206,22 +222,25 @@ def _pct(fraction: float | None) -> str:
 
 def table(rows: list[dict], bw: dict[int, dict], bytes_per_token: dict[str, int], max_tokens: int) -> str:
     head = (f"{'dtype':<9} {'thr':>3} {'engine':<16} {'decode tok/s':>12} {'(min-max)':>15} "
-            f"{'TTFT s':>7} {'bound tok/s':>11} {'% bound':>8} {'vs HF':>6} {'greedy=':>8} {'other CPU':>9}")
+            f"{'TTFT s':>7} {'bound tok/s':>11} {'% bound':>8} {'vs HF':>6} {'vs bf16':>7} {'greedy=':>8} "
+            f"{'other CPU':>9}")
     lines = [head, "-" * len(head)]
     for r in sorted(rows, key=lambda r: (DTYPES.index(r["dtype"]), r["threads"], ENGINES.index(r["engine"]),
                                          r.get("cpu_isa") or "")):
         speed = f"{r['speedup_vs_transformers']:.2f}x" if r["speedup_vs_transformers"] else ""
+        vs_bf16 = f"{r['speedup_vs_bf16']:.2f}x" if r.get("speedup_vs_bf16") else ""
         agree = f"{r['greedy_prefix_match']}/{max_tokens}" if r["greedy_prefix_match"] is not None else ""
         spread = f"({r['tok_s_min']:.1f}-{r['tok_s_max']:.1f})"
         lines.append(f"{r['dtype']:<9} {r['threads']:>3} {engine_label(r):<16} {r['tok_s']:>12.2f} {spread:>15} "
                      f"{r['ttft_s_median']:>7.3f} {r['bound_tok_s']:>11.1f} {100 * r['fraction_of_bound']:>7.1f}% "
-                     f"{speed:>6} {agree:>8} {_pct(r.get('other_cpu_fraction')):>9}")
+                     f"{speed:>6} {vs_bf16:>7} {agree:>8} {_pct(r.get('other_cpu_fraction')):>9}")
     lines.append("")
     for t in sorted(bw):
         lines.append(f"copy bandwidth {t} thread(s): {bw[t]['gbps']:.2f} GB/s (read+write bytes / time; "
                      f"other CPU {_pct(bw[t].get('other_cpu_fraction'))})")
     for d in sorted(bytes_per_token, key=DTYPES.index):
         lines.append(f"weight bytes read per token, {d}: {bytes_per_token[d] / 1e6:.1f} MB")
+    lines.append("vs bf16: ssd's tok/s over its own bfloat16 row (same threads and instruction set)")
     lines.append("greedy= : leading generated tokens identical between ssd and transformers")
     lines.append("other CPU: share of the machine's CPU time used by other processes during the timed runs")
     fractions = [r.get("other_cpu_fraction") for r in rows] + [v.get("other_cpu_fraction") for v in bw.values()]
@@ -237,6 +256,8 @@ def make_jobs(args, model: Path, prompt_ids: list[int]) -> list[dict]:
     for dtype in args.dtypes:
         for t in threads:
             for engine in args.engines:
+                if engine == "transformers" and dtype not in FLOAT_DTYPES:
+                    continue
                 job = {"kind": engine, "dtype": dtype, "threads": t, "model": str(model), "prompt_ids": prompt_ids,
                        "max_tokens": args.max_tokens, "repeats": args.repeats, "max_model_len": args.max_model_len}
                 isas = args.cpu_isas if engine == "ssd" else [None]
@@ -278,7 +299,7 @@ def main(argv: list[str]) -> int:
     else:
         prompt_text = humaneval_prompts(args.humaneval_index + 1)[args.humaneval_index]
         prompt_source = f"HumanEval/{args.humaneval_index}"
-    prompt_ids, bytes_per_token, model_info = model_facts(model, prompt_text)
+    prompt_ids, bytes_per_token, model_info = model_facts(model, prompt_text, args.dtypes)
     if len(prompt_ids) + args.max_tokens > args.max_model_len:
         print(f"{PROG}: prompt ({len(prompt_ids)} tokens) + --max-tokens {args.max_tokens} "
               f"exceed --max-model-len {args.max_model_len}", file=sys.stderr)
@@ -297,7 +318,7 @@ def main(argv: list[str]) -> int:
             "method": METHOD, "bandwidth_method": f"torch copy_ of {args.bw_mb} MB fp32, best of 5, "
             "(read + write bytes) / time", "transformers": transformers_version,
             "loadavg_at_start": loadavg, "wall_seconds": round(time.perf_counter() - t_start, 1)}
-    print(f"\nSmolLM2-135M-Instruct (GGUF Q4_1, dequantised), batch 1, {len(prompt_ids)}-token prompt "
+    print(f"\nSmolLM2-135M-Instruct (GGUF Q4_1; dtype auto keeps its blocks), batch 1, {len(prompt_ids)}-token prompt "
           f"({prompt_source}), {args.max_tokens} new tokens, median of {args.repeats}")
     print(f"Method: {METHOD}\n")
     print(table(rows, bw, bytes_per_token, args.max_tokens))

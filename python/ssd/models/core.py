@@ -1,20 +1,25 @@
 """Bridge from a loaded checkpoint to the C++ core model."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+
 import torch
 
 
 def build_core_model(config, weights: dict[str, torch.Tensor], device: str = "cpu", backend: str = "auto",
-                     batch_invariant: bool = True):
+                     batch_invariant: bool = True, formats: dict[str, str] | None = None):
     """Builds the C++ ``ssd._C.Model`` from a ModelConfig and HF-named weights,
     placed on ``device`` ("cpu", "cuda", "cuda:N") with ``backend`` ("auto" or
-    "aten"; see ``LoadedModel.core_model``).
+    "aten"; see ``LoadedModel.core_model``); ``formats`` names the weights
+    held as GGUF blocks (``ssd.models.quantized``).
 
     Raises ValueError naming a missing or mis-shaped tensor, or an unusable device.
     """
     from ssd import _C
 
-    return _C.Model(config.to_dict(), weights, device=device, backend=backend, batch_invariant=batch_invariant)
+    return _C.Model(config.to_dict(), weights, device=device, backend=backend, batch_invariant=batch_invariant,
+                    formats=formats or {})
 
 
 def sequence_logits(core_model, token_ids: list[int], block_size: int = 16, num_threads: int = 1) -> torch.Tensor:
@@ -28,3 +33,17 @@ def sequence_logits(core_model, token_ids: list[int], block_size: int = 16, num_
     runner = _C.SequenceRunner(core_model, num_blocks, block_size, num_threads)
     seq = runner.add_sequence()
     return runner.extend([(seq, ids)], True)
+
+
+def release_freed_memory() -> None:
+    """Hands the C heap's free pages back to the system (glibc's malloc_trim; a no-op elsewhere).
+
+    Loading frees far more than it keeps (a GGUF reader's per-token metadata
+    objects, fused matrices' parts), scattered between what stays; without
+    this those pages stay resident.
+    """
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is not None:
+        trim(0)

@@ -1,8 +1,11 @@
-"""Load a GGUF file (llama.cpp's format): config, dequantised weights, tokenizer.
+"""Load a GGUF file (llama.cpp's format): config, weights, tokenizer.
 
 Supported: ``general.architecture`` ``llama`` (Llama and Mistral files),
 ``qwen2`` and ``qwen3``, any tensor type ``gguf.quants.dequantize`` handles,
 and the tokenizers of ``gguf_tokenizer.py`` (byte-level BPE and SentencePiece).
+Weights are dequantised, or with ``keep_blocks`` the matrices in a format ssd
+multiplies natively (``quantized.py``) stay in their blocks: zero-copy views
+of the file's (copy-on-write) memory map.
 
 Two llama.cpp conventions are undone so that the weights equal a HuggingFace
 checkpoint's:
@@ -31,6 +34,7 @@ import torch
 from .config import ModelConfig
 from .errors import ModelLoadError
 from .loaded import LoadedModel, end_of_sequence_ids
+from . import quantized
 from .gguf_tokenizer import short_repr, build_tokenizer
 from .tokenizer import Tokenizer
 from .weights import check_config, check_names, expected_shapes, finish_tensor
@@ -75,14 +79,20 @@ def is_gguf_file(path: Path) -> bool:
         return False
 
 
-def load_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
-    """Load the GGUF file at ``path`` with weights in ``dtype`` on ``device``."""
+def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, keep_blocks: bool = False) -> LoadedModel:
+    """Load the GGUF file at ``path`` with weights in ``dtype`` on ``device``.
+
+    keep_blocks: matrices stored in a format of ``quantized.FORMATS`` stay in
+    their GGUF rows (``LoadedModel.formats`` names them); every other tensor
+    is dequantised to ``dtype``, with one warning naming the types that were
+    not plain float32.
+    """
     reader = _open_reader(path)
     meta = _Metadata(reader, str(path))
     tensors = {t.name: t for t in reader.tensors}
     config = gguf_config(meta, tensors)
     tokenizer = build_tokenizer(meta)
-    weights = _read_weights(tensors, config, meta.architecture, dtype, device, str(path))
+    weights, formats = _read_weights(tensors, config, meta.architecture, dtype, device, str(path), keep_blocks)
     eos_ids = end_of_sequence_ids(
         [meta.token_id(f"tokenizer.ggml.{kind}_token_id") for kind in ("eos", "eot", "eom")], tokenizer)
     return LoadedModel(
@@ -94,6 +104,7 @@ def load_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedMod
         chat_template=meta.get("tokenizer.chat_template", kind=str),
         source=str(path),
         name=path.stem,
+        formats=formats,
     )
 
 
@@ -127,8 +138,8 @@ class _CheckedReader(gguf.GGUFReader):
 
 def _open_reader(path: Path) -> gguf.GGUFReader:
     """A GGUF reader for ``path``; ModelLoadError naming the problem when the file is unreadable."""
-    try:
-        return _CheckedReader(path)
+    try:  # copy-on-write: the blocks kept as tensors are writable views, never written back
+        return _CheckedReader(path, "c")
     except _Truncated as exc:
         raise ModelLoadError(
             f"cannot read GGUF file {path}: the file is truncated or corrupt: its contents need at "
@@ -336,9 +347,11 @@ def hf_tensor_name(gguf_name: str) -> str | None:
     return f"model.layers.{layer}.{_BLOCK_NAMES[part]}.{kind}"
 
 
-def _read_weights(tensors: dict[str, Any], config: ModelConfig, architecture: str,
-                  dtype: torch.dtype, device: torch.device, source: str) -> dict[str, torch.Tensor]:
-    """Dequantised, renamed (and for llama un-permuted) weights named as HF names them."""
+def _read_weights(tensors: dict[str, Any], config: ModelConfig, architecture: str, dtype: torch.dtype,
+                  device: torch.device, source: str,
+                  keep_blocks: bool) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Renamed (and for llama un-permuted) weights named as HF names them, and
+    the formats of those kept in blocks (see ``load_gguf``)."""
     tensors = {name: t for name, t in tensors.items() if name != ROPE_FREQS}  # read into the config
     unknown = sorted(name for name in tensors if hf_tensor_name(name) is None)
     if unknown:
@@ -346,12 +359,34 @@ def _read_weights(tensors: dict[str, Any], config: ModelConfig, architecture: st
     gguf_name_of = {hf_tensor_name(name): name for name in tensors}
     check_names(gguf_name_of, config, source)
     weights: dict[str, torch.Tensor] = {}
+    formats: dict[str, str] = {}
+    dequantised_types: list[str] = []
     for name, shape in expected_shapes(config).items():
-        tensor = finish_tensor(name, dequantize(tensors[gguf_name_of[name]], source), shape, dtype, device, source)
-        if architecture == "llama":  # after finish_tensor's shape check: the rows split into heads
-            tensor = _undo_rope_permutation(name, tensor, config).contiguous()
-        weights[name] = tensor
-    return weights
+        tensor = tensors[gguf_name_of[name]]
+        fmt = quantized.native_format(tensor.tensor_type) if keep_blocks and quantized.is_matrix(name) else None
+        if fmt is not None:
+            value = _blocks(tensor, fmt, name, shape, source)
+            formats[name] = fmt
+        else:
+            if keep_blocks and not quantized.is_float_type(tensor.tensor_type):
+                dequantised_types.append(getattr(tensor.tensor_type, "name", str(tensor.tensor_type)))
+            value = finish_tensor(name, dequantize(tensor, source), shape, dtype, device, source)
+        if architecture == "llama":  # after the shape check: the rows split into heads
+            value = _undo_rope_permutation(name, value, config).contiguous()
+        weights[name] = value
+    quantized.warn_dequantized(dequantised_types, source)
+    return weights, formats
+
+
+def _blocks(tensor: Any, fmt: str, name: str, shape: tuple[int, ...], source: str) -> torch.Tensor:
+    """A matrix's GGUF rows, uint8 [n, row_bytes], viewing the file's map; ModelLoadError on a wrong shape."""
+    n, k = shape
+    data = tensor.data
+    if k % quantized.BLOCK or tuple(data.shape) != (n, quantized.row_bytes(fmt, k)):
+        raise ModelLoadError(f"{source}: tensor {name} ({fmt}) holds {list(data.shape)} bytes of rows, "
+                             f"expected [{n}, {quantized.row_bytes(fmt, k) if k % quantized.BLOCK == 0 else '?'}] "
+                             f"for shape {list(shape)}")
+    return torch.from_numpy(data)
 
 
 def dequantize(tensor: Any, source: str) -> torch.Tensor:
@@ -363,7 +398,7 @@ def dequantize(tensor: Any, source: str) -> torch.Tensor:
         raise ModelLoadError(f"{source}: cannot dequantize tensor {tensor.name} "
                              f"of type {kind}: {exc}") from exc
     array = np.asarray(array, dtype=np.float32)
-    if not array.flags.writeable or not array.flags.c_contiguous:
+    if not array.flags.writeable or not array.flags.c_contiguous or np.may_share_memory(array, tensor.data):
         array = np.array(array, dtype=np.float32, order="C")  # own copy, not the file's mmap
     return torch.from_numpy(array)
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,6 +26,9 @@ class LoadedModel:
         chat_template: jinja2 chat template, or None.
         source: the path the model was loaded from.
         name: short display name (directory name or GGUF file stem).
+        formats: names of the matrices held in a GGUF block format -> that
+            format (``quantized.FORMATS``); each such weight is its GGUF rows,
+            uint8 ``[n, row_bytes]``.
     """
 
     config: ModelConfig
@@ -36,6 +39,7 @@ class LoadedModel:
     chat_template: str | None
     source: str
     name: str
+    formats: dict[str, str] = field(default_factory=dict)
 
     def require_tokenizer(self) -> Tokenizer:
         """The tokenizer, or ModelLoadError when the model has none."""
@@ -63,7 +67,7 @@ class LoadedModel:
 
             self.drop_vocab_padding()
             core = build_core_model(self.config, self.weights, device=device, backend=backend,
-                                    batch_invariant=batch_invariant)
+                                    batch_invariant=batch_invariant, formats=self.formats)
             cores[key] = core
         return core
 

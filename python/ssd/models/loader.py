@@ -9,24 +9,28 @@ import torch
 from .errors import ModelLoadError
 from .hub_cache import resolve_model
 from .loaded import LoadedModel
+from .quantized import DTYPES, FORMATS, quantize_matrices
 from .tokenizer import Tokenizer
 
-SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
+SUPPORTED_DTYPES = DTYPES
 
-_DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32,
-                "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+_DTYPE_NAMES = {torch.float32: "float32", "fp32": "float32", torch.bfloat16: "bfloat16", "bf16": "bfloat16"}
 
 
 def load(path: str | os.PathLike, device: str | torch.device = "cpu",
-         dtype: torch.dtype | str = torch.float32) -> LoadedModel:
+         dtype: torch.dtype | str = "float32") -> LoadedModel:
     """Load a model from a HuggingFace directory or a GGUF file.
 
     Args:
         path: a directory with ``config.json`` + safetensors, or a ``.gguf`` file; or a
             model name (``org/name``) in the local HuggingFace cache (ssd.models.hub_cache).
         device: where the weights go (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...).
-        dtype: ``torch.float32`` or ``torch.bfloat16`` (names accepted too);
-            every weight, norms included, is converted to it.
+        dtype: ``"float32"`` or ``"bfloat16"`` (or the torch dtypes): every
+            weight, norms included, is converted to it; ``"q8_0"``, ``"q4_0"``,
+            ``"q4_1"``: the matrices are quantized to that GGUF block format
+            (norms stay float32); ``"auto"``: a GGUF file's matrices stay in
+            their own block format where ssd has kernels for it (see
+            ``ssd.models.quantized``), an HF checkpoint loads as float32.
 
     Returns: a ``LoadedModel``.
 
@@ -36,17 +40,22 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu",
     model_path = resolve_model(path)
     dtype = _check_dtype(dtype, model_path)
     device = _check_device(device, model_path)
+    float_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
     if model_path.is_dir():
         from .hf import load_hf_dir
 
-        return load_hf_dir(model_path, device, dtype)
-    from .gguf_loader import is_gguf_file, load_gguf
+        loaded = load_hf_dir(model_path, device, float_dtype)
+    else:
+        from .gguf_loader import is_gguf_file, load_gguf
 
-    if is_gguf_file(model_path):
-        return load_gguf(model_path, device, dtype)
-    raise ModelLoadError(
-        f"{model_path} is neither a model directory (with config.json) nor a GGUF file"
-    )
+        if not is_gguf_file(model_path):
+            raise ModelLoadError(
+                f"{model_path} is neither a model directory (with config.json) nor a GGUF file"
+            )
+        loaded = load_gguf(model_path, device, float_dtype, keep_blocks=dtype == "auto")
+    if dtype in FORMATS:
+        loaded.formats = quantize_matrices(loaded.weights, dtype, str(model_path))
+    return loaded
 
 
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
@@ -96,12 +105,13 @@ def check_same_tokenizer(target: str | os.PathLike | LoadedModel, draft: str | o
                          f"({found[0].source}): {difference}; a draft must share the target's tokenizer")
 
 
-def _check_dtype(dtype: torch.dtype | str, path: Path) -> torch.dtype:
-    """``dtype`` as a supported ``torch.dtype``."""
-    resolved = _DTYPE_NAMES.get(dtype, dtype) if isinstance(dtype, str) else dtype
+def _check_dtype(dtype: torch.dtype | str, path: Path) -> str:
+    """``dtype`` as the name of a supported load dtype (``quantized.DTYPES``)."""
+    resolved = _DTYPE_NAMES.get(dtype, dtype)
     if resolved not in SUPPORTED_DTYPES:
         raise ModelLoadError(
-            f"cannot load {path} as {dtype}: supported dtypes are torch.float32 and torch.bfloat16"
+            f"cannot load {path} as {dtype}: supported dtypes are {', '.join(SUPPORTED_DTYPES)} "
+            "(or torch.float32, torch.bfloat16)"
         )
     return resolved
 

@@ -1,5 +1,7 @@
-// The exact layout's product (linear.h), compiled once per instruction set.
+// The exact layout's product (linear.h) and the quantized one (quant.h),
+// compiled once per instruction set.
 #include <algorithm>
+#include <cstring>
 
 #include "../isa.h"
 #include "vec.h"
@@ -25,33 +27,73 @@ constexpr int64_t kAheadBytes = 8192;  // software prefetch distance
 template <int64_t MR>
 constexpr int64_t kColBlock = MR * kTileRows * kVecRegs <= kAccRegs ? kTileRows : 2;
 
+// Where a tile's weights come from, one 16-lane chunk of one tile row at a
+// time: load(c, j) is chunk c of tile row j as fp32 lanes, prefetch<L>(c)
+// pulls the stream ahead. DenseTile reads the exact layout (linear.h);
+// QuantTile dequantises a quantized block in registers (quant.h).
+template <typename WT>
+struct DenseTile {
+  const WT* p;  // the tile's first chunk
+  Vec load(int64_t c, int64_t j) const { return vload(p + c * kTileChunk + j * kLanes); }
+  template <int Locality>
+  void prefetch(int64_t c, int64_t j0, int64_t rows) const {
+    constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(WT));
+    const WT* w = p + c * kTileChunk + j0 * kLanes + kAheadBytes / static_cast<int64_t>(sizeof(WT));
+    for (int64_t l = 0; l < rows * kLanes; l += kLine) __builtin_prefetch(w + l, 0, Locality);
+  }
+};
+
+template <QuantType Type>
+struct QuantTile {
+  static constexpr int64_t kBlockBytes = quant_tile_block_bytes(Type);
+  const uint8_t* p;  // the tile's first block
+  Vec load(int64_t c, int64_t j) const {
+    const uint8_t* block = p + (c >> 1) * kBlockBytes;
+    const uint8_t* q = block + quant_tile_quants(Type) + j * quant_row_quant_bytes(Type);
+    float d;
+    std::memcpy(&d, block + 4 * j, 4);
+    if constexpr (Type == QuantType::q8_0) {
+      return vmul(vload_i8(q + (c & 1) * kLanes), vbroadcast(d));
+    } else {
+      float m;
+      std::memcpy(&m, block + 16 + 4 * j, 4);
+      const Vec nibbles = (c & 1) ? vload_nibbles<true>(q) : vload_nibbles<false>(q);
+      return vfma(nibbles, vbroadcast(d), vbroadcast(m));
+    }
+  }
+  template <int Locality>
+  void prefetch(int64_t c, int64_t, int64_t) const {
+    if (c & 1) return;  // once per block
+    const uint8_t* ahead = p + (c >> 1) * kBlockBytes + kAheadBytes;
+    for (int64_t l = 0; l < kBlockBytes; l += 64) __builtin_prefetch(ahead + l, 0, Locality);
+  }
+};
+
 // Up to kMaxGroup activation rows against the 4 rows of one packed tile;
 // writes `cols` (<= 4) outputs per row. Per output the operation sequence is
 // dot()'s: fused multiply-adds over 16-lane chunks in index order, the tail
-// chunk with zero lanes, then vsum; how the block is cut into passes does not
+// chunk with zero lanes, then vsum; how the block is cut into passes, and
+// whether the weights were stored as fp32 or dequantised on the way, does not
 // change it.
-template <int64_t MR, typename WT>
-inline void tile_block(const float* x, int64_t ldx, const WT* tile, int64_t k, float* out,
-                       int64_t ldo, int64_t cols) {
+template <int64_t MR, typename Tile>
+inline void tile_block(const float* x, int64_t ldx, const Tile& tile, int64_t k, float* out, int64_t ldo,
+                       int64_t cols) {
   constexpr int64_t J = kColBlock<MR>;
-  constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(WT));
-  constexpr int64_t kAhead = kAheadBytes / static_cast<int64_t>(sizeof(WT));
   const int64_t full = k / kLanes;
   for (int64_t j0 = 0; j0 < cols; j0 += J) {
     Vec acc[MR][J];
     for (int64_t i = 0; i < MR; ++i)
       for (int64_t j = 0; j < J; ++j) acc[i][j] = vzero();
-    const WT* w = tile + j0 * kLanes;
-    for (int64_t c = 0; c < full; ++c, w += kTileChunk) {
+    for (int64_t c = 0; c < full; ++c) {
       // One activation row is bound by memory latency: pull the stream into
       // L1. With more rows the loop is busier and L2 is close enough.
-      for (int64_t l = 0; l < J * kLanes; l += kLine) __builtin_prefetch(w + kAhead + l, 0, MR == 1 ? 3 : 2);
+      tile.template prefetch<MR == 1 ? 3 : 2>(c, j0, J);
       // From 3 rows a 16-lane block is bound by multiply-adds, not memory:
       // operands stay in registers (vpin) so that each is loaded once per
       // chunk. On AVX2 the registers are the accumulators'.
       Vec wv[J];
       for (int64_t j = 0; j < J; ++j) {
-        wv[j] = vload(w + j * kLanes);
+        wv[j] = tile.load(c, j0 + j);
         if constexpr (MR >= 3 && kVecRegs == 1) vpin(wv[j]);
       }
       for (int64_t i = 0; i < MR; ++i) {
@@ -62,7 +104,7 @@ inline void tile_block(const float* x, int64_t ldx, const WT* tile, int64_t k, f
     }
     if (const int64_t rest = k - full * kLanes; rest > 0) {
       Vec wv[J];  // padded lanes are zero, as vload_tail would give
-      for (int64_t j = 0; j < J; ++j) wv[j] = vload(w + j * kLanes);
+      for (int64_t j = 0; j < J; ++j) wv[j] = tile.load(full, j0 + j);
       for (int64_t i = 0; i < MR; ++i) {
         const Vec xv = vload_tail(x + i * ldx + full * kLanes, rest);
         for (int64_t j = 0; j < J; ++j) acc[i][j] = vfma(xv, wv[j], acc[i][j]);
@@ -73,9 +115,9 @@ inline void tile_block(const float* x, int64_t ldx, const WT* tile, int64_t k, f
   }
 }
 
-template <typename WT>
-void group_block(int64_t rows, const float* x, int64_t ldx, const WT* tile, int64_t k, float* out,
-                 int64_t ldo, int64_t cols) {
+template <typename Tile>
+void group_block(int64_t rows, const float* x, int64_t ldx, const Tile& tile, int64_t k, float* out, int64_t ldo,
+                 int64_t cols) {
   switch (rows) {
     case 1: tile_block<1>(x, ldx, tile, k, out, ldo, cols); break;
     case 2: tile_block<2>(x, ldx, tile, k, out, ldo, cols); break;
@@ -86,14 +128,12 @@ void group_block(int64_t rows, const float* x, int64_t ldx, const WT* tile, int6
   }
 }
 
-}  // namespace
-
-template <typename WT>
-void linear(const float* x, int64_t ldx, const WT* wp, const float* bias, float* y, int64_t ldy,
-            int64_t m, int64_t n, int64_t k, ThreadPool& pool) {
+// y = x @ w^T (+ bias) over tiles; tile(t) is tile t's weights.
+template <typename TileAt>
+void tiled_linear(const float* x, int64_t ldx, TileAt tile, const float* bias, float* y, int64_t ldy, int64_t m,
+                  int64_t n, int64_t k, ThreadPool& pool) {
   if (m <= 0 || n <= 0) return;
   const int64_t tiles = ceil_div(n, kTileRows);
-  const int64_t tile_elems = ceil_div(k, kLanes) * kTileChunk;
   // Tiles are the parallel dimension: each thread streams its own contiguous
   // slice of the weights once per panel of activation rows.
   pool.parallel_for(tiles, 1, [&](int64_t t0, int64_t t1) {
@@ -101,11 +141,12 @@ void linear(const float* x, int64_t ldx, const WT* wp, const float* bias, float*
       const int64_t i1 = std::min(m, i0 + kPanelRows);
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t cols = std::min(kTileRows, n - t * kTileRows);
+        const auto weights = tile(t);
         for (int64_t i = i0; i < i1;) {
           const int64_t left = i1 - i;
           // Balanced groups of up to kMaxGroup rows (8 -> 4 + 4, 11 -> 6 + 5).
           const int64_t rows = left <= kMaxGroup ? left : left <= 2 * kMaxGroup ? (left + 1) / 2 : kMaxGroup;
-          group_block(rows, x + i * ldx, ldx, wp + t * tile_elems, k, y + i * ldy + t * kTileRows, ldy, cols);
+          group_block(rows, x + i * ldx, ldx, weights, k, y + i * ldy + t * kTileRows, ldy, cols);
           i += rows;
         }
       }
@@ -114,6 +155,32 @@ void linear(const float* x, int64_t ldx, const WT* wp, const float* bias, float*
       for (int64_t i = 0; i < m; ++i)
         for (int64_t c = t0 * kTileRows; c < std::min(n, t1 * kTileRows); ++c) y[i * ldy + c] += bias[c];
   });
+}
+
+template <QuantType Type>
+void quant_linear(const float* x, int64_t ldx, const uint8_t* wp, const float* bias, float* y, int64_t ldy,
+                  int64_t m, int64_t n, int64_t k, ThreadPool& pool) {
+  const int64_t tile_bytes = k / kQuantBlock * quant_tile_block_bytes(Type);
+  tiled_linear(x, ldx, [&](int64_t t) { return QuantTile<Type>{wp + t * tile_bytes}; }, bias, y, ldy, m, n, k, pool);
+}
+
+}  // namespace
+
+template <typename WT>
+void linear(const float* x, int64_t ldx, const WT* wp, const float* bias, float* y, int64_t ldy,
+            int64_t m, int64_t n, int64_t k, ThreadPool& pool) {
+  const int64_t tile_elems = ceil_div(k, kLanes) * kTileChunk;
+  tiled_linear(x, ldx, [&](int64_t t) { return DenseTile<WT>{wp + t * tile_elems}; }, bias, y, ldy, m, n, k, pool);
+}
+
+void linear_quant(QuantType type, const float* x, int64_t ldx, const uint8_t* wp, const float* bias, float* y,
+                  int64_t ldy, int64_t m, int64_t n, int64_t k, ThreadPool& pool) {
+  switch (type) {
+    case QuantType::q8_0: return quant_linear<QuantType::q8_0>(x, ldx, wp, bias, y, ldy, m, n, k, pool);
+    case QuantType::q4_0:  // held as q4_1 (quant.h)
+    case QuantType::q4_1: return quant_linear<QuantType::q4_1>(x, ldx, wp, bias, y, ldy, m, n, k, pool);
+    default: return;
+  }
 }
 
 template void linear<float>(const float*, int64_t, const float*, const float*, float*, int64_t, int64_t, int64_t,

@@ -55,6 +55,15 @@ inline Vec vload_tail(const uint16_t* p, int64_t n) {
 }
 inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline float vsum(Vec a) { return _mm512_reduce_add_ps(a); }
+// 16 int8 -> float; the low (High = false) or high nibbles of 16 bytes -> float.
+inline Vec vload_i8(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+template <bool High>
+inline Vec vload_nibbles(const uint8_t* p) {
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm512_cvtepi32_ps(High ? _mm512_srli_epi32(b, 4) : _mm512_and_si512(b, _mm512_set1_epi32(0x0f)));
+}
 // Keeps a loaded vector in a register: without it the compiler folds the load
 // into every multiply-add that uses the vector, and a register block of
 // products then issues one load per multiply-add (half the FMA rate on Zen 4).
@@ -114,6 +123,20 @@ inline Vec vload_tail(const uint16_t* p, int64_t n) {
   return vload(lanes);
 }
 inline Vec vfma(Vec a, Vec b, Vec c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
+inline __m256i half_bytes(const uint8_t* p) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m256 half_i8(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+template <bool High>
+inline __m256 half_nibbles(const uint8_t* p) {
+  const __m256i b = half_bytes(p);
+  return _mm256_cvtepi32_ps(High ? _mm256_srli_epi32(b, 4) : _mm256_and_si256(b, _mm256_set1_epi32(0x0f)));
+}
+inline Vec vload_i8(const uint8_t* p) { return {half_i8(p), half_i8(p + 8)}; }
+template <bool High>
+inline Vec vload_nibbles(const uint8_t* p) { return {half_nibbles<High>(p), half_nibbles<High>(p + 8)}; }
 // The pairwise tree of the other paths: lanes l + 8, then l + 4, l + 2, l + 1.
 inline float vsum(Vec a) {
   const __m256 s8 = _mm256_add_ps(a.lo, a.hi);
@@ -185,6 +208,17 @@ inline Vec vload_tail(const T* p, int64_t n) {
 inline Vec vfma(Vec a, Vec b, Vec c) {
   for (int64_t i = 0; i < kLanes; ++i) c.v[i] = __builtin_fmaf(a.v[i], b.v[i], c.v[i]);
   return c;
+}
+inline Vec vload_i8(const uint8_t* p) {
+  Vec r;
+  for (int64_t i = 0; i < kLanes; ++i) r.v[i] = static_cast<float>(static_cast<int8_t>(p[i]));
+  return r;
+}
+template <bool High>
+inline Vec vload_nibbles(const uint8_t* p) {
+  Vec r;
+  for (int64_t i = 0; i < kLanes; ++i) r.v[i] = static_cast<float>(High ? p[i] >> 4 : p[i] & 0x0f);
+  return r;
 }
 inline float vsum(Vec a) {
   // Pairwise tree in a fixed order.

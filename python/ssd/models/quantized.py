@@ -1,0 +1,100 @@
+"""Weight matrices kept in GGUF block formats (``q8_0``, ``q4_0``, ``q4_1``).
+
+Such a matrix ``[n, k]`` is held as its GGUF rows, a uint8 tensor
+``[n, row_bytes]``, and ``LoadedModel.formats`` names its format. The CPU
+backend multiplies the blocks without dequantising the matrix
+(``csrc/kernels/cpu/quant.h``), and its products equal those of the fp32
+matrix dequantised from the blocks, bit for bit: a quantized model is the
+fp32 model of its dequantised weights, read in a quarter to a ninth of the
+bytes. Other backends dequantise at load.
+
+The load dtypes (``ssd.models.load(..., dtype=)``, ``EngineConfig.dtype``):
+
+* ``"float32"``, ``"bfloat16"``: every weight dequantised / converted.
+* ``"q8_0"``, ``"q4_0"``, ``"q4_1"``: every matrix (the embedding and the
+  projections; norms stay fp32) quantized at load from its fp32 values
+  (gguf's quantizers), whatever the file held.
+* ``"auto"``: a GGUF file's matrices stay in the file's format where ssd has
+  kernels for it; any other type is dequantised to fp32 with a one-line
+  warning naming it. An HF checkpoint loads as fp32.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import gguf
+import numpy as np
+import torch
+
+FORMATS = ("q8_0", "q4_0", "q4_1")
+DTYPES = ("float32", "bfloat16", *FORMATS, "auto")
+BLOCK = 32  # weights per block, every format here
+
+GGML_TYPES = {fmt: getattr(gguf.GGMLQuantizationType, fmt.upper()) for fmt in FORMATS}
+_FORMAT_OF_TYPE = {t: fmt for fmt, t in GGML_TYPES.items()}
+
+# ggml types read as plain floats (no warning when they are dequantised).
+_FLOAT_TYPES = {gguf.GGMLQuantizationType.F32}
+
+log = logging.getLogger("ssd")
+
+
+def is_matrix(name: str) -> bool:
+    """Whether a HF weight name is a matrix a block format may hold (embedding, lm_head, projections)."""
+    return name in ("model.embed_tokens.weight", "lm_head.weight") or name.endswith("_proj.weight")
+
+
+def native_format(tensor_type) -> str | None:
+    """The format name of a ggml tensor type ssd multiplies in its blocks, else None."""
+    return _FORMAT_OF_TYPE.get(tensor_type)
+
+
+def row_bytes(fmt: str, k: int) -> int:
+    """Bytes of one GGUF row of ``k`` weights in ``fmt``."""
+    return k // BLOCK * gguf.GGML_QUANT_SIZES[GGML_TYPES[fmt]][1]
+
+
+def quantize(tensor: torch.Tensor, fmt: str) -> torch.Tensor:
+    """A float matrix [n, k] (k a multiple of 32) -> its GGUF rows in ``fmt``, uint8 [n, row_bytes]."""
+    array = tensor.detach().to("cpu", torch.float32).contiguous().numpy()
+    return torch.from_numpy(np.ascontiguousarray(gguf.quants.quantize(array, GGML_TYPES[fmt])))
+
+
+def dequantize(blocks: torch.Tensor, fmt: str) -> torch.Tensor:
+    """GGUF rows uint8 [n, row_bytes] in ``fmt`` -> fp32 [n, k] (gguf's dequantisation)."""
+    return torch.from_numpy(np.asarray(gguf.quants.dequantize(blocks.numpy(), GGML_TYPES[fmt]), dtype=np.float32))
+
+
+def quantize_matrices(weights: dict[str, torch.Tensor], fmt: str, source: str) -> dict[str, str]:
+    """Replaces every float matrix of ``weights`` by its ``fmt`` rows; returns name -> format.
+
+    A matrix whose row length is not a multiple of 32 stays as it is, with one
+    warning naming the first such matrix.
+    """
+    formats: dict[str, str] = {}
+    skipped: list[str] = []
+    for name in [n for n in weights if is_matrix(n)]:
+        tensor = weights[name]
+        if tensor.dim() != 2 or tensor.shape[1] % BLOCK:
+            skipped.append(name)
+            continue
+        weights[name] = quantize(tensor, fmt)
+        formats[name] = fmt
+    if skipped:
+        log.warning("%s: %d matrices (first %s, rows of %d) are not in blocks of %d and stay float32, not %s",
+                    source, len(skipped), skipped[0], weights[skipped[0]].shape[-1], BLOCK, fmt)
+    return formats
+
+
+def warn_dequantized(types: Iterable[str], source: str) -> None:
+    """One warning naming the ggml types an ``auto`` load dequantised."""
+    names = sorted(set(types))
+    if names:
+        log.warning("%s: tensors of type %s have no ssd kernel and are dequantised to float32",
+                    source, ", ".join(names))
+
+
+def is_float_type(tensor_type) -> bool:
+    """Whether a ggml type is stored as fp32 (read as is, no warning)."""
+    return tensor_type in _FLOAT_TYPES

@@ -1,0 +1,123 @@
+"""Quantized matrix products (GGUF q8_0 / q4_0 / q4_1 blocks, csrc/kernels/cpu/quant.h).
+
+The product over the blocks is defined as the exact product (linear.h) over
+the matrix gguf's own dequantiser gives: every output bitwise equal, on every
+instruction set, for any rows, batch and thread count. The references here
+are gguf-py's dequantisation and the fp32 exact kernel, never the code under
+test.
+"""
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from ssd import _C
+
+FORMATS = ["q8_0", "q4_0", "q4_1"]
+# n with partial 4-row tiles; k of one block, odd block counts, and the SmolLM2 width.
+SHAPES = [(5, 32), (13, 96), (64, 160), (130, 576)]
+ROW_COUNTS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 13, 70]
+
+
+def ggml_type(fmt):
+    return getattr(gguf.GGMLQuantizationType, fmt.upper())
+
+
+def quantized(n, k, fmt, seed):
+    """GGUF rows of a random [n, k] matrix (gguf's quantiser) and their dequantisation."""
+    w = np.random.RandomState(seed).randn(n, k).astype(np.float32) / k ** 0.5
+    blocks = np.ascontiguousarray(gguf.quants.quantize(w, ggml_type(fmt)))
+    dense = gguf.quants.dequantize(blocks, ggml_type(fmt)).astype(np.float32)
+    return torch.from_numpy(blocks), torch.from_numpy(dense)
+
+
+def random_blocks(n, k, fmt, seed):
+    """GGUF rows of random bytes with finite fp16 scales (subnormal, negative and large ones included)."""
+    rng = np.random.RandomState(seed)
+    block_bytes = gguf.GGML_QUANT_SIZES[ggml_type(fmt)][1]
+    raw = rng.randint(0, 256, size=(n * k // 32, block_bytes), dtype=np.uint8)
+    scales = 2 if fmt == "q4_1" else 1
+    halves = rng.randint(0, 0x7C00, size=(raw.shape[0], scales)).astype(np.uint16)  # finite magnitudes
+    halves |= (rng.randint(0, 2, size=halves.shape) << 15).astype(np.uint16)       # either sign
+    halves[::7, 0] = rng.randint(1, 0x400, size=halves[::7, 0].shape)             # subnormal d
+    raw[:, : 2 * scales] = halves.view(np.uint8).reshape(raw.shape[0], 2 * scales)
+    blocks = raw.reshape(n, -1)
+    dense = gguf.quants.dequantize(blocks, ggml_type(fmt)).astype(np.float32)
+    return torch.from_numpy(np.ascontiguousarray(blocks)), torch.from_numpy(dense)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_dequantisation_is_ggufs(fmt):
+    blocks, dense = random_blocks(24, 128, fmt, seed=3)
+    assert torch.equal(_C.testing.quant_dequantize(blocks, fmt, 128), dense)
+    x = torch.randn(3, 128)
+    _, rows = _C.testing.quant_linear(x, blocks, fmt, 128)
+    assert torch.equal(rows, dense)  # the packed layout keeps every value
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_product_is_the_exact_product_of_the_dequantised_matrix(fmt, n, k):
+    blocks, dense = quantized(n, k, fmt, seed=n * 1000 + k)
+    g = torch.Generator().manual_seed(n + k)
+    x = torch.randn(max(ROW_COUNTS), k, generator=g)
+    bias = torch.randn(n, generator=g)
+    full, _ = _C.testing.quant_linear(x, blocks, fmt, k, bias)
+    assert torch.equal(full, _C.testing.packed_linear(x, dense, bias))
+    ref = x.double() @ dense.double().T + bias.double()
+    scale = x.abs().double() @ dense.abs().double().T + bias.abs().double()
+    assert ((full.double() - ref).abs() / scale).max().item() < 1e-5
+    # Batch invariance: any subset of rows, in any order, on any thread count.
+    for m in ROW_COUNTS:
+        rows = torch.randperm(x.shape[0], generator=g)[:m]
+        for threads in (1, 2, 3):
+            part, _ = _C.testing.quant_linear(x[rows], blocks, fmt, k, bias, threads)
+            assert torch.equal(part, full[rows]), (m, threads)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_random_blocks_multiply_as_their_dequantisation(fmt):
+    # Extreme scales (subnormal to 65504, both signs) and every quant value.
+    n, k = 13, 192
+    blocks, dense = random_blocks(n, k, fmt, seed=11)
+    x = torch.randn(7, k) * 1e-3
+    y, _ = _C.testing.quant_linear(x, blocks, fmt, k, None, 2)
+    assert torch.equal(y, _C.testing.packed_linear(x, dense))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_instruction_set_gives_the_same_bits(fmt):
+    blocks, dense = quantized(37, 320, fmt, seed=5)
+    x = torch.randn(9, 320)
+    previous = _C.cpu_isa()
+    try:
+        _C.set_cpu_isa("portable")
+        want, _ = _C.testing.quant_linear(x, blocks, fmt, 320, None, 2)
+        for isa in _C.cpu_isas():
+            _C.set_cpu_isa(isa)
+            got, _ = _C.testing.quant_linear(x, blocks, fmt, 320, None, 2)
+            assert torch.equal(got, want), isa
+    finally:
+        _C.set_cpu_isa(previous)
+    assert torch.equal(want, _C.testing.packed_linear(x, dense))
+
+
+def test_strided_activation_rows_read_only_k_columns():
+    blocks, dense = quantized(8, 64, "q4_1", seed=9)
+    x = torch.randn(3, 64)
+    wide = torch.full((3, 96), float("nan"))
+    wide[:, :64] = x
+    got, _ = _C.testing.quant_linear(wide[:, :64], blocks, "q4_1", 64)
+    assert torch.equal(got, _C.testing.quant_linear(x, blocks, "q4_1", 64)[0])
+
+
+def test_bad_shapes_and_formats_are_refused():
+    blocks, _ = quantized(4, 64, "q8_0", seed=1)
+    with pytest.raises(ValueError, match="multiple of 32 weights, not 40"):
+        _C.testing.quant_dequantize(torch.zeros(4, 45, dtype=torch.uint8), "q8_0", 40)
+    with pytest.raises(ValueError, match="unknown quantized block format 'q5_k'.*q8_0, q4_0, q4_1"):
+        _C.testing.quant_dequantize(blocks, "q5_k", 64)
+    with pytest.raises(RuntimeError, match="GGUF rows"):
+        _C.testing.quant_dequantize(blocks, "q4_0", 64)  # q8_0 rows are longer than q4_0's
