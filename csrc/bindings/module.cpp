@@ -90,6 +90,7 @@ EngineConfig engine_config_fields(const py::dict& d) {
   get(d, "kv_cache_gib", c.kv_cache_gib);
   get(d, "dtype", c.dtype);
   get(d, "draft_dtype", c.draft_dtype);
+  get(d, "quant_activations", c.quant_activations);
   get(d, "target_device", c.target_device);
   get(d, "target_threads", c.target_threads);
   get(d, "draft_device", c.draft_device);
@@ -366,8 +367,8 @@ void bind_models(py::module_& m) {
   py::class_<model::Model, std::shared_ptr<model::Model>>(m, "Model")
       .def(py::init([](const py::dict& config, const py::dict& weights, const std::string& device,
                        const std::string& backend, bool batch_invariant,
-                       const std::map<std::string, std::string>& formats) {
-             model::ModelPlacement placement{device, backend, model::BackendOptions{batch_invariant}};
+                       const std::map<std::string, std::string>& formats, bool int8_activations) {
+             model::ModelPlacement placement{device, backend, model::BackendOptions{batch_invariant, int8_activations}};
              model::FormatMap format_map;
              for (const auto& [name, format] : formats) format_map.emplace(name, kernels::quant_type(format));
              return std::make_shared<model::Model>(model_config_from(config), weight_map_from(weights), placement,
@@ -375,8 +376,10 @@ void bind_models(py::module_& m) {
            }),
            py::arg("config"), py::arg("weights"), py::arg("device") = "cpu", py::arg("backend") = "auto",
            py::arg("batch_invariant") = true, py::arg("formats") = std::map<std::string, std::string>{},
+           py::arg("int8_activations") = true,
            "weights: HF name -> tensor; formats: name -> GGUF block format (q8_0, q4_0, q4_1) of the weights "
-           "passed as uint8 GGUF rows [n, row bytes].")
+           "passed as uint8 GGUF rows [n, row bytes]; int8_activations: those matrices multiply int8 "
+           "activations (else fp32 ones: exactly the dequantised model).")
       .def_property_readonly("vocab_size", [](const model::Model& m) { return m.config().vocab_size; })
       .def_property_readonly("bf16", &model::Model::bf16)
       .def_property_readonly("weight_bytes", &model::Model::weight_bytes,

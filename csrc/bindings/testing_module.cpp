@@ -196,7 +196,7 @@ void bind_kernel_pieces(py::module_& m) {
         "activations, batch invariant) or, with pairs=True, the draft's bf16 pair kernels.");
   m.def("quant_linear",
         [](const at::Tensor& x, const at::Tensor& blocks, const std::string& format, int64_t k,
-           const c10::optional<at::Tensor>& bias, int64_t threads) {
+           const c10::optional<at::Tensor>& bias, int64_t threads, bool int8_activations) {
           const kernels::QuantType type = kernels::quant_type(format);
           TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 &&
                           blocks.size(1) == kernels::gguf_row_bytes(type, k),
@@ -215,8 +215,9 @@ void bind_kernel_pieces(py::module_& m) {
                               packed.data_ptr<uint8_t>());
           at::Tensor y = at::empty({m, n}, at::kFloat);
           kernels::ThreadPool pool(threads);
-          kernels::linear_quant(type, xs.data_ptr<float>(), xs.stride(0), packed.data_ptr<uint8_t>(),
-                                b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>(), n, m, n, k, pool);
+          const auto product = int8_activations ? &kernels::linear_quant_i8 : &kernels::linear_quant;
+          product(type, xs.data_ptr<float>(), xs.stride(0), packed.data_ptr<uint8_t>(),
+                  b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>(), n, m, n, k, pool);
           // Every row of the packed matrix, dequantised as the product sees it.
           at::Tensor dense = at::empty({n, k}, at::kFloat);
           for (int64_t r = 0; r < n; ++r)
@@ -224,9 +225,23 @@ void bind_kernel_pieces(py::module_& m) {
           return std::make_pair(y, dense);
         },
         py::arg("x"), py::arg("blocks"), py::arg("format"), py::arg("k"), py::arg("bias") = py::none(),
-        py::arg("threads") = 1,
+        py::arg("threads") = 1, py::arg("int8_activations") = false,
         "GGUF blocks [n, row bytes] of `format` (q8_0, q4_0, q4_1) packed as the model packs them -> "
-        "(y = x @ w.T (+ bias) [m, n] through the quantized kernel, the packed rows dequantised [n, k]).");
+        "(y = x @ w.T (+ bias) [m, n] through the quantized kernel (fp32 activations, or int8 ones), the "
+        "packed rows dequantised [n, k]).");
+  m.def("quantize_rows",
+        [](const at::Tensor& x) {
+          TORCH_CHECK(x.dim() == 2 && x.size(1) % kernels::kQuantBlock == 0, "x must be [m, k], k a multiple of 32");
+          const at::Tensor xs = x.to(at::kFloat).contiguous();
+          const int64_t m = xs.size(0), k = xs.size(1);
+          at::Tensor q = at::empty({m, k}, at::kChar);
+          at::Tensor dx = at::empty({m, k / kernels::kQuantBlock}, at::kFloat), sx = at::empty_like(dx);
+          kernels::ThreadPool pool(1);
+          kernels::quantize_rows(xs.data_ptr<float>(), k, m, k, q.data_ptr<int8_t>(), dx.data_ptr<float>(),
+                                 sx.data_ptr<float>(), pool);
+          return std::make_tuple(q, dx, sx);
+        },
+        py::arg("x"), "Activation rows [m, k] quantized as the int8 product does -> (q int8 [m, k], dx, sx [m, k/32]).");
   m.def("quant_dequantize",
         [](const at::Tensor& blocks, const std::string& format, int64_t k) {
           const kernels::QuantType type = kernels::quant_type(format);

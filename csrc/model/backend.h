@@ -53,6 +53,9 @@ struct Matrix {
   at::Tensor data;
   int64_t n = 0, k = 0;
   kernels::QuantType quant = kernels::QuantType::none;
+  /// Quantized: multiplied with int8 activations (kernels::linear_quant_i8)
+  /// rather than fp32 ones (kernels::linear_quant, the dequantised product).
+  bool int8_activations = false;
 };
 
 /// One forward's index arrays on the device, uploaded once per forward.
@@ -93,6 +96,12 @@ struct BackendOptions {
   /// depends on the batch shape, so greedy sd is no longer token-identical to
   /// ar. The cpu and aten backends are always batch-invariant.
   bool batch_invariant = true;
+  /// Quantized matrices kept in blocks (the cpu backend) multiply int8
+  /// activations (kernels/cpu/quant.h; llama.cpp's way, 2-3x fewer
+  /// instructions per weight); false: fp32 activations, which computes
+  /// exactly the model of the dequantised weights. Rows are batch invariant
+  /// either way.
+  bool int8_activations = true;
 };
 
 class Backend {

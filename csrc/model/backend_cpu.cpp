@@ -119,9 +119,9 @@ class CpuBackend final : public Backend {
     at::Tensor y = at::empty({m, w.n}, at::kFloat);
     const float* b = bias.defined() ? bias.data_ptr<float>() : nullptr;
     const float* xp = x.data_ptr<float>();
-    if (w.quant != kernels::QuantType::none)  // exact whatever the rows (no pair layout of blocks)
-      kernels::linear_quant(w.quant, xp, x.stride(0), w.data.data_ptr<uint8_t>(), b, y.data_ptr<float>(), w.n, m, w.n,
-                            w.k, ctx.pool);
+    if (w.quant != kernels::QuantType::none)  // one product whatever the rows (no pair layout of blocks)
+      (w.int8_activations ? kernels::linear_quant_i8 : kernels::linear_quant)(
+          w.quant, xp, x.stride(0), w.data.data_ptr<uint8_t>(), b, y.data_ptr<float>(), w.n, m, w.n, w.k, ctx.pool);
     // The pair kernels only where the CPU has AVX512-BF16: their lane-by-lane
     // emulation (kept for the kernel tests) is many times slower than linear.
     else if (ctx.matmul_min_rows > 0 && m >= ctx.matmul_min_rows && kernels::pairs_native())

@@ -82,8 +82,11 @@ Matrix Model::load_matrix(const WeightMap& w, const FormatMap& formats,
     n += rows;
   }
   const bool one_format = std::all_of(types.begin(), types.end(), [&](auto t) { return t == types[0]; });
-  if (one_format && types[0] != kernels::QuantType::none)
-    return be.quantized_matrix(tensors, types[0], n, k);
+  if (one_format && types[0] != kernels::QuantType::none) {
+    Matrix m = be.quantized_matrix(tensors, types[0], n, k);
+    m.int8_activations = m.quant != kernels::QuantType::none && int8_activations_;
+    return m;
+  }
   for (size_t i = 0; i < tensors.size(); ++i)
     if (types[i] != kernels::QuantType::none) tensors[i] = dequantized(tensors[i], types[i], k);
   return be.matrix(tensors.size() == 1 ? tensors[0] : at::cat(tensors), dtype);
@@ -91,7 +94,7 @@ Matrix Model::load_matrix(const WeightMap& w, const FormatMap& formats,
 
 Model::Model(const ModelConfig& config, const WeightMap& w, const ModelPlacement& placement,
              const FormatMap& formats)
-    : config_(config) {
+    : config_(config), int8_activations_(placement.options.int8_activations) {
   config_.validate();
   backend_ = make_backend(placement.device, placement.backend, placement.options);
   const Backend& be = *backend_;

@@ -81,6 +81,7 @@ class Model {
 
   ModelConfig config_;
   std::unique_ptr<Backend> backend_;
+  bool int8_activations_ = true;  ///< BackendOptions::int8_activations
   bool bf16_ = false;
   at::Tensor embed_, final_norm_, inv_freq_;
   Matrix embed_rows_;  ///< the embedding when the backend keeps it quantized (embed_ undefined)

@@ -208,6 +208,8 @@ void EngineConfig::validate(const TestingConfig& testing) const {
   };
   storage("dtype", dtype, false);
   storage("draft_dtype", draft_dtype, true);
+  if (quant_activations != "int8" && quant_activations != "float32")
+    bad("quant_activations", "must be 'int8' or 'float32', got '" + quant_activations + "'");
   // Syntax and presence (this build, this machine): a CUDA device without a
   // GPU is refused here, before any weight is loaded.
   const Machine machine(testing);

@@ -59,7 +59,10 @@ class EngineConfig:
     block format for the matrices ("q8_0", "q4_0", "q4_1"; quantized at load)
     or "auto" (a GGUF file's matrices stay in their own format where ssd has
     kernels for it; see ssd.models.quantized); activations and the KV cache
-    are float32. draft_dtype: the draft's ("": dtype's).
+    are float32. draft_dtype: the draft's ("": dtype's). quant_activations:
+    what products with quantized matrices multiply: "int8" (activations
+    quantized per 32-value block, as llama.cpp does; the faster) or "float32"
+    (exactly the model of the dequantised weights).
 
     Speculative modes: k draft tokens per round. ssd (SAGUARO): fanout is
     "confidence" (a greedy sequence's tree holds the B outcomes most likely
@@ -120,6 +123,7 @@ class EngineConfig:
     kv_capacity_tokens: int = 0
     dtype: str = "float32"
     draft_dtype: str = ""
+    quant_activations: str = "int8"
     target_device: str = "cpu"
     target_threads: int = 1
     draft_device: str = "cpu"

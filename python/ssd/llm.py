@@ -100,12 +100,14 @@ class LLM:
             models.loader.check_same_tokenizer(target, draft)  # before any weights load
         self.model = load(target, config.dtype)
         self.draft_model = None if draft is None else load(draft, config.draft_dtype or config.dtype)
-        core = self.model.core_model(config.target_device, config.backend, batch_invariant=config.batch_invariant)
+        int8 = config.quant_activations == "int8"
+        core = self.model.core_model(config.target_device, config.backend, batch_invariant=config.batch_invariant,
+                                     int8_activations=int8)
         self.model.weights.clear()  # the core holds its own (fused) copies
         draft_core = None
         if self.draft_model is not None:
             draft_core = self.draft_model.core_model(config.draft_device, config.backend,
-                                                     batch_invariant=config.batch_invariant)
+                                                     batch_invariant=config.batch_invariant, int8_activations=int8)
             self.draft_model.weights.clear()
         release_freed_memory()  # the loaders' temporaries (a GGUF reader's metadata, fused parts)
         try:

@@ -121,3 +121,85 @@ def test_bad_shapes_and_formats_are_refused():
         _C.testing.quant_dequantize(blocks, "q5_k", 64)
     with pytest.raises(RuntimeError, match="GGUF rows"):
         _C.testing.quant_dequantize(blocks, "q4_0", 64)  # q8_0 rows are longer than q4_0's
+
+
+# ---- int8 activations (quant.h's definition, llama.cpp's way)
+
+
+def numpy_quantize_rows(x):
+    """quant.h's activation quantization in numpy float32: per 32-block dx = amax / 127, q = rint(x * (1 / dx))."""
+    blocks = x.numpy().reshape(x.shape[0], -1, 32).astype(np.float32)
+    dx = (np.abs(blocks).max(axis=-1) / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(dx != 0, np.float32(1) / dx, np.float32(0)).astype(np.float32)
+    q = np.rint(blocks * inv[..., None]).astype(np.int8)
+    sx = (dx * q.astype(np.int32).sum(axis=-1).astype(np.float32)).astype(np.float32)
+    return q.reshape(x.shape), dx, sx
+
+
+def int8_reference(x, blocks, fmt, k):
+    """The int8 product in float64 from its integer parts: sum_b d_w dx sum_j wq_j q_j (+ m sx)."""
+    q, dx, sx = numpy_quantize_rows(x)
+    raw = blocks.numpy().reshape(blocks.shape[0], k // 32, -1)
+    d = raw[..., :2].copy().view(np.float16)[..., 0].astype(np.float64)
+    if fmt == "q8_0":
+        wq = raw[..., 2:].view(np.int8).astype(np.int64)
+    else:
+        nib = raw[..., 4:] if fmt == "q4_1" else raw[..., 2:]
+        wq = np.concatenate([nib & 0x0F, nib >> 4], axis=-1).astype(np.int64) - (8 if fmt == "q4_0" else 0)
+    sums = np.einsum("mbj,nbj->mnb", q.reshape(q.shape[0], k // 32, 32).astype(np.int64), wq)
+    y = (sums * dx.astype(np.float64)[:, None, :] * d[None]).sum(-1)
+    if fmt == "q4_1":
+        m = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+        y += (sx.astype(np.float64)[:, None, :] * m[None]).sum(-1)
+    return torch.from_numpy(y)
+
+
+def test_activation_rows_quantize_as_defined():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(5, 96, generator=g) * torch.logspace(-3, 3, 96)
+    x[1, 32:64] = 0  # a zero block: dx = 0, q = 0
+    q, dx, sx = _C.testing.quantize_rows(x)
+    want_q, want_dx, want_sx = numpy_quantize_rows(x)
+    assert np.array_equal(q.numpy(), want_q) and np.array_equal(dx.numpy(), want_dx)
+    assert np.array_equal(sx.numpy(), want_sx)
+    assert dx[1, 1] == 0 and not q[1, 32:64].any()
+    x[2, 5] = float("inf")
+    _, dx, _ = _C.testing.quantize_rows(x)
+    assert dx[2, 0].isnan() and dx[2, 1:].isfinite().all()  # a non-finite block's outputs are NaN
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_int8_product_is_its_definition_and_batch_invariant(fmt, n, k):
+    blocks, _ = quantized(n, k, fmt, seed=n * 1000 + k + 1)
+    g = torch.Generator().manual_seed(n + k)
+    x = torch.randn(max(ROW_COUNTS), k, generator=g)
+    full, _ = _C.testing.quant_linear(x, blocks, fmt, k, None, 1, True)
+    ref = int8_reference(x, blocks, fmt, k)
+    assert ((full.double() - ref).abs() / ref.abs().max()).max().item() < 1e-5
+    for m in ROW_COUNTS:
+        rows = torch.randperm(x.shape[0], generator=g)[:m]
+        for threads in (1, 2, 3):
+            part, _ = _C.testing.quant_linear(x[rows], blocks, fmt, k, None, threads, True)
+            assert torch.equal(part, full[rows]), (m, threads)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_int8_product_gives_the_same_bits_on_every_instruction_set(fmt):
+    blocks, _ = random_blocks(37, 320, fmt, seed=6)  # every quant value, extreme scales
+    x = torch.randn(9, 320)
+    bias = torch.randn(37)
+    previous = _C.cpu_isa()
+    try:
+        _C.set_cpu_isa("portable")
+        want, _ = _C.testing.quant_linear(x, blocks, fmt, 320, bias, 2, True)
+        for isa in _C.cpu_isas():
+            _C.set_cpu_isa(isa)
+            got, _ = _C.testing.quant_linear(x, blocks, fmt, 320, bias, 2, True)
+            assert torch.equal(got, want), isa
+    finally:
+        _C.set_cpu_isa(previous)
+    # int8 activations are a different product from the fp32-activation one
+    exact, _ = _C.testing.quant_linear(x, blocks, fmt, 320, bias, 2, False)
+    assert not torch.equal(exact, want)

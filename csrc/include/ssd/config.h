@@ -103,6 +103,10 @@ struct EngineConfig {
   /// the models are loaded in Python (ssd/models/quantized.py).
   std::string dtype = "float32";
   std::string draft_dtype;            ///< the draft's weight storage; "": dtype's
+  /// Activations of products with quantized matrices: "int8" (quantized per
+  /// 32-value block, kernels/cpu/quant.h) or "float32" (exactly the model of
+  /// the dequantised weights).
+  std::string quant_activations = "int8";
   std::string target_device = "cpu";
   int64_t target_threads = 1;
   std::string draft_device = "cpu";

@@ -1,8 +1,11 @@
 #include "quant.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
+#include <vector>
 
 #include "fp16.h"
 #include "isa.h"
@@ -49,6 +52,15 @@ inline float dequant(QuantType type, const uint8_t* q, int64_t j, float d, float
   if (type == QuantType::q8_0) return d * static_cast<float>(static_cast<int8_t>(q[j]));
   const int nibble = j < 16 ? (q[j] & 0x0f) : (q[j - 16] >> 4);
   return __builtin_fmaf(static_cast<float>(nibble), d, m);
+}
+
+// v (|v| < 2^22) rounded to the nearest integer, ties to even: adding and
+// subtracting 1.5 * 2^23 leaves no fraction bits, and fp32 addition rounds to
+// nearest even (no libm call, unlike nearbyint).
+inline float round_half_even(float v) {
+  constexpr float kShift = 12582912.0f;
+  const float shifted = v + kShift;
+  return shifted - kShift;
 }
 
 }  // namespace
@@ -130,6 +142,54 @@ void linear_quant(QuantType type, const float* x, int64_t ldx, const uint8_t* wp
   check_type(type);
   gguf_row_bytes(type, k);
   SSD_ON_ACTIVE_ISA(linear_quant(type, x, ldx, wp, bias, y, ldy, m, n, k, pool))
+}
+
+void quantize_rows(const float* x, int64_t ldx, int64_t m, int64_t k, int8_t* q, float* dx, float* sx,
+                   ThreadPool& pool) {
+  const int64_t blocks = k / kQuantBlock;
+  pool.parallel_for(m, 8, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t b = 0; b < blocks; ++b) {
+        const float* xb = x + r * ldx + b * kQuantBlock;
+        int8_t* qb = q + r * k + b * kQuantBlock;
+        float amax = 0.0f;
+        bool finite = true;
+        for (int64_t j = 0; j < kQuantBlock; ++j) {
+          amax = std::max(amax, std::fabs(xb[j]));
+          finite = finite && std::isfinite(xb[j]);
+        }
+        int32_t sum = 0;
+        float d = amax / 127.0f;
+        if (!finite) {
+          d = std::numeric_limits<float>::quiet_NaN();
+          std::fill(qb, qb + kQuantBlock, int8_t{0});
+        } else {
+          const float id = d != 0.0f ? 1.0f / d : 0.0f;
+          for (int64_t j = 0; j < kQuantBlock; ++j) {
+            qb[j] = static_cast<int8_t>(round_half_even(xb[j] * id));
+            sum += qb[j];
+          }
+        }
+        dx[r * blocks + b] = d;
+        sx[r * blocks + b] = d * static_cast<float>(sum);
+      }
+  });
+}
+
+void linear_quant_i8(QuantType type, const float* x, int64_t ldx, const uint8_t* wp, const float* bias, float* y,
+                     int64_t ldy, int64_t m, int64_t n, int64_t k, ThreadPool& pool) {
+  check_type(type);
+  gguf_row_bytes(type, k);
+  if (m <= 0 || n <= 0) return;
+  // Scratch per calling thread, reused across products.
+  thread_local std::vector<int8_t> q;
+  thread_local std::vector<float> scales;
+  const int64_t blocks = k / kQuantBlock;
+  q.resize(static_cast<size_t>(m * k));
+  scales.resize(static_cast<size_t>(2 * m * blocks));
+  quantize_rows(x, ldx, m, k, q.data(), scales.data(), scales.data() + m * blocks, pool);
+  const QuantizedRows rows{q.data(), scales.data(), scales.data() + m * blocks, k};
+  SSD_ON_ACTIVE_ISA(linear_quant_i8(type, rows, wp, bias, y, ldy, m, n, pool))
 }
 
 }  // namespace ssd::kernels

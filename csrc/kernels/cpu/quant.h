@@ -77,4 +77,39 @@ void quant_dequantize(QuantType type, const uint8_t* gguf_rows, int64_t n, int64
 void linear_quant(QuantType type, const float* x, int64_t ldx, const uint8_t* wp, const float* bias, float* y,
                   int64_t ldy, int64_t m, int64_t n, int64_t k, ThreadPool& pool);
 
+// ---- int8 activations (llama.cpp's way): the faster product.
+//
+// Each activation row is quantized per 32-value block as q8_0 is:
+//   a = max |x_j|, dx = a / 127, q_j = round_half_even(x_j * (1 / dx))
+// (dx = 0: q = 0; a not finite: dx = NaN, so the row's outputs are NaN),
+// and sx = dx * sum_j q_j (what q4_1's offset m multiplies).
+// Each output is then, over the blocks b in order, with 8 fp32 lanes:
+//   s_l  = sum_{j = 4l .. 4l + 3} wq_j * q_j      (int32, exact)
+//   acc_l = fma(float(s_l), d_w * dx, acc_l)        (l = 0 .. 7)
+//   ms    = fma(m_w, sx, ms)                        (q4_1 only)
+// where wq is q (q8_0), q - 8 (q4_0) or q (q4_1), and finally
+//   y = ((acc_0 + acc_4) + (acc_2 + acc_6)) + ((acc_1 + acc_5) + (acc_3 + acc_7)) + ms  (+ bias)
+// (the tree of vec.h's vsum from 8 lanes). Integer sums are exact however
+// they are computed, so every path (AVX2's maddubs, AVX-512, portable C++)
+// gives these bits, and each row's outputs depend on that row alone.
+
+/// Activation rows quantized for linear_quant_i8: q [m][k] int8, and per
+/// row and 32-block dx [m][k / 32] and sx [m][k / 32].
+struct QuantizedRows {
+  const int8_t* q = nullptr;
+  const float* dx = nullptr;
+  const float* sx = nullptr;
+  int64_t k = 0;
+};
+
+/// Quantizes rows of x [m, k] (row stride ldx) as described above into
+/// q [m * k], dx and sx [m * k / 32] (k a multiple of 32).
+void quantize_rows(const float* x, int64_t ldx, int64_t m, int64_t k, int8_t* q, float* dx, float* sx,
+                   ThreadPool& pool);
+
+/// y = x @ w^T (+ bias) with int8 activations (see above): x is quantized
+/// here, then the blocks are multiplied as integers.
+void linear_quant_i8(QuantType type, const float* x, int64_t ldx, const uint8_t* wp, const float* bias, float* y,
+                     int64_t ldy, int64_t m, int64_t n, int64_t k, ThreadPool& pool);
+
 }  // namespace ssd::kernels

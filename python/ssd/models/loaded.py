@@ -50,24 +50,28 @@ class LoadedModel:
             )
         return self.tokenizer
 
-    def core_model(self, device: str = "cpu", backend: str = "auto", batch_invariant: bool = True):
+    def core_model(self, device: str = "cpu", backend: str = "auto", batch_invariant: bool = True,
+                   int8_activations: bool = True):
         """The C++ model (``ssd._C.Model``) built from these weights, cached per placement.
 
         device: "cpu", "cuda" or "cuda:N". backend: "auto" (the device's own
         kernels) or "aten" (the reference backend over ATen ops). batch_invariant:
         False lets the cuda backend use stock cuBLAS products (faster; greedy sd
-        is then not token-identical to ar). Raises ValueError naming a device this
-        build or machine cannot use.
+        is then not token-identical to ar). int8_activations: the matrices held
+        in blocks (``formats``) multiply int8 activations (the default, faster)
+        or fp32 ones (exactly the model of the dequantised weights). Raises
+        ValueError naming a device this build or machine cannot use.
         """
         cores = self.__dict__.setdefault("_cores", {})
-        key = (device, backend, bool(batch_invariant))
+        key = (device, backend, bool(batch_invariant), bool(int8_activations))
         core = cores.get(key)
         if core is None:
             from .core import build_core_model
 
             self.drop_vocab_padding()
             core = build_core_model(self.config, self.weights, device=device, backend=backend,
-                                    batch_invariant=batch_invariant, formats=self.formats)
+                                    batch_invariant=batch_invariant, formats=self.formats,
+                                    int8_activations=int8_activations)
             cores[key] = core
         return core
 
@@ -93,15 +97,16 @@ class LoadedModel:
                 self.weights[name] = self.weights[name][:n].contiguous()
         self.config.vocab_size = n
 
-    def logits(self, token_ids: list[int], device: str = "cpu", backend: str = "auto") -> torch.Tensor:
+    def logits(self, token_ids: list[int], device: str = "cpu", backend: str = "auto",
+               int8_activations: bool = True) -> torch.Tensor:
         """Scores a whole sequence through the paged C++ path.
 
         token_ids: [len] -> logits [len, vocab] (float32, on the host; vocab as
-        ``drop_vocab_padding`` leaves it).
+        ``drop_vocab_padding`` leaves it). int8_activations: see ``core_model``.
         """
         from .core import sequence_logits
 
-        return sequence_logits(self.core_model(device, backend), token_ids)
+        return sequence_logits(self.core_model(device, backend, int8_activations=int8_activations), token_ids)
 
     def __repr__(self) -> str:
         return (f"LoadedModel(name={self.name!r}, architecture={self.config.architecture!r}, "

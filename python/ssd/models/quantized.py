@@ -3,10 +3,10 @@
 Such a matrix ``[n, k]`` is held as its GGUF rows, a uint8 tensor
 ``[n, row_bytes]``, and ``LoadedModel.formats`` names its format. The CPU
 backend multiplies the blocks without dequantising the matrix
-(``csrc/kernels/cpu/quant.h``), and its products equal those of the fp32
-matrix dequantised from the blocks, bit for bit: a quantized model is the
-fp32 model of its dequantised weights, read in a quarter to a ninth of the
-bytes. Other backends dequantise at load.
+(``csrc/kernels/cpu/quant.h``): with int8 activations (the default, as
+llama.cpp does), or with fp32 ones, whose products equal those of the fp32
+matrix dequantised from the blocks bit for bit. Other backends dequantise at
+load. See docs/models.md.
 
 The load dtypes (``ssd.models.load(..., dtype=)``, ``EngineConfig.dtype``):
 

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "../isa.h"
+#include "tile_groups.h"
 #include "vec.h"
 
 namespace ssd::kernels::SSD_ISA {
@@ -18,7 +19,6 @@ constexpr int64_t kTileChunk = kTileRows * kLanes;  // elements per k-chunk of a
 // Activation rows per register block: 6 with 16-lane registers, 3 where a
 // Vec takes two (AVX2), so the accumulators stay in registers.
 constexpr int64_t kMaxGroup = 6 / kVecRegs;
-constexpr int64_t kPanelRows = 64;     // activation rows kept in cache per pass
 constexpr int64_t kAheadBytes = 8192;  // software prefetch distance
 
 // Tile rows one pass of an MR-row block accumulates: all 4 where MR x 4
@@ -132,28 +132,8 @@ void group_block(int64_t rows, const float* x, int64_t ldx, const Tile& tile, in
 template <typename TileAt>
 void tiled_linear(const float* x, int64_t ldx, TileAt tile, const float* bias, float* y, int64_t ldy, int64_t m,
                   int64_t n, int64_t k, ThreadPool& pool) {
-  if (m <= 0 || n <= 0) return;
-  const int64_t tiles = ceil_div(n, kTileRows);
-  // Tiles are the parallel dimension: each thread streams its own contiguous
-  // slice of the weights once per panel of activation rows.
-  pool.parallel_for(tiles, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t i0 = 0; i0 < m; i0 += kPanelRows) {
-      const int64_t i1 = std::min(m, i0 + kPanelRows);
-      for (int64_t t = t0; t < t1; ++t) {
-        const int64_t cols = std::min(kTileRows, n - t * kTileRows);
-        const auto weights = tile(t);
-        for (int64_t i = i0; i < i1;) {
-          const int64_t left = i1 - i;
-          // Balanced groups of up to kMaxGroup rows (8 -> 4 + 4, 11 -> 6 + 5).
-          const int64_t rows = left <= kMaxGroup ? left : left <= 2 * kMaxGroup ? (left + 1) / 2 : kMaxGroup;
-          group_block(rows, x + i * ldx, ldx, weights, k, y + i * ldy + t * kTileRows, ldy, cols);
-          i += rows;
-        }
-      }
-    }
-    if (bias != nullptr)
-      for (int64_t i = 0; i < m; ++i)
-        for (int64_t c = t0 * kTileRows; c < std::min(n, t1 * kTileRows); ++c) y[i * ldy + c] += bias[c];
+  for_each_group(m, n, kMaxGroup, bias, y, ldy, pool, [&](int64_t i, int64_t rows, int64_t t, int64_t cols) {
+    group_block(rows, x + i * ldx, ldx, tile(t), k, y + i * ldy + t * kTileRows, ldy, cols);
   });
 }
 
