@@ -89,8 +89,8 @@ def test_ssd_with_its_draft_on_aten_equals_ar(pair, monkeypatch):
     draft = load(target, dtype=torch.float32)
     built = []
 
-    def aten_core(device="cpu", backend="auto", batch_invariant=True):
-        core = LoadedModel.core_model(draft, device, "aten", batch_invariant)
+    def aten_core(device="cpu", backend="auto", batch_invariant=True, int8_activations=True):
+        core = LoadedModel.core_model(draft, device, "aten", batch_invariant, int8_activations)
         built.append(core.backend)
         return core
 
