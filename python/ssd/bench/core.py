@@ -282,8 +282,6 @@ def constructed_pair(acceptance: float, cost_ratio: float, progress: bool = True
 def run_pair(cfg: BenchConfig, pair_info: dict, progress: bool = True) -> dict:
     """Every (dataset, batch, temperature, mode) combination on one pair, with isolated component times
     and the speed model's predictions; returns {"runs", "components_s", "peers"}."""
-    import torch
-
     from ssd import models
 
     target_path, draft_path = pair_info["target"], pair_info["draft"]
@@ -293,9 +291,8 @@ def run_pair(cfg: BenchConfig, pair_info: dict, progress: bool = True) -> dict:
         regime = {"regime_acceptance": pair_info["requested"]["acceptance"],
                   "regime_cost_ratio": pair_info["requested"]["cost_ratio"],
                   "regime_agreement": pair_info["measured"]["agreement"]}
-    dtype = getattr(torch, cfg.dtype)
-    target = models.load(target_path, dtype=dtype)
-    draft = models.load(draft_path, dtype=dtype)
+    target = models.load(target_path, dtype=cfg.dtype)
+    draft = models.load(draft_path, dtype=cfg.dtype)
     runs = []
     combos = [(d, b, t) for d in cfg.datasets for b in cfg.batches for t in cfg.temperatures]
     todo = []
