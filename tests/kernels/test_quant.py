@@ -99,6 +99,9 @@ def test_every_instruction_set_gives_the_same_bits(fmt):
             _C.set_cpu_isa(isa)
             got, _ = _C.testing.quant_linear(x, blocks, fmt, 320, None, 2)
             assert torch.equal(got, want), isa
+            for rows in ([4], [8, 1, 2], [5, 6, 7, 0]):  # and batch invariant on each path
+                part, _ = _C.testing.quant_linear(x[rows], blocks, fmt, 320, None, 1)
+                assert torch.equal(part, want[rows]), (isa, rows)
     finally:
         _C.set_cpu_isa(previous)
     assert torch.equal(want, _C.testing.packed_linear(x, dense))
@@ -198,6 +201,9 @@ def test_int8_product_gives_the_same_bits_on_every_instruction_set(fmt):
             _C.set_cpu_isa(isa)
             got, _ = _C.testing.quant_linear(x, blocks, fmt, 320, bias, 2, True)
             assert torch.equal(got, want), isa
+            for rows in ([4], [8, 1, 2], [5, 6, 7, 0]):  # and batch invariant on each path
+                part, _ = _C.testing.quant_linear(x[rows], blocks, fmt, 320, bias, 1, True)
+                assert torch.equal(part, want[rows]), (isa, rows)
     finally:
         _C.set_cpu_isa(previous)
     # int8 activations are a different product from the fp32-activation one

@@ -48,23 +48,28 @@ inline BlockWeights block_weights(const uint8_t* quants) {
   } else {
     const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(quants));
     const __m128i low = _mm_set1_epi8(0x0f);
-    // Weights 0..15 (low nibbles) then 16..31 (high nibbles): natural order.
-    __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low), _mm_and_si128(packed, low));
-    if constexpr (Type == QuantType::q4_0) {
-      w = _mm256_sub_epi8(w, _mm256_set1_epi8(8));
-      return {_mm256_sign_epi8(w, w), w};
-    } else {
-      return {w, w};
-    }
+    // Weights 0..15 (low nibbles) then 16..31 (high nibbles): natural order,
+    // unsigned (q4_0's offset 8 is taken off the sums, offset_sums).
+    const __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low), _mm_and_si128(packed, low));
+    return {w, w};
   }
+}
+
+// q4_0: 8 * (the sum of lanes 4l .. 4l + 3 of the activations), per int32
+// lane: sum (q - 8) x = sum q x - 8 sum x, exact in integers. Once per row
+// and block, shared by the tile's 4 rows.
+inline __m256i offset_sums(const int8_t* x) {
+  const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), xv), _mm256_set1_epi16(1));
 }
 
 // acc_l = fma(float(s_l), scale, acc_l), s_l the int32 sum of lanes 4l .. 4l + 3's products.
 template <QuantType Type>
-inline Acc block_fma(const BlockWeights& w, const int8_t* x, float scale, Acc acc) {
+inline Acc block_fma(const BlockWeights& w, const int8_t* x, __m256i offset, float scale, Acc acc) {
   __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-  if constexpr (Type != QuantType::q4_1) xv = _mm256_sign_epi8(xv, w.sign);
-  const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(w.magnitude, xv), _mm256_set1_epi16(1));
+  if constexpr (Type == QuantType::q8_0) xv = _mm256_sign_epi8(xv, w.sign);
+  __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(w.magnitude, xv), _mm256_set1_epi16(1));
+  if constexpr (Type == QuantType::q4_0) sums = _mm256_sub_epi32(sums, offset);
   return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(scale), acc);
 }
 #else
@@ -96,8 +101,10 @@ inline BlockWeights block_weights(const uint8_t* quants) {
   return b;
 }
 
+inline int offset_sums(const int8_t*) { return 0; }  // the weights carry q4_0's offset here
+
 template <QuantType Type>
-inline Acc block_fma(const BlockWeights& w, const int8_t* x, float scale, Acc acc) {
+inline Acc block_fma(const BlockWeights& w, const int8_t* x, int, float scale, Acc acc) {
   for (int64_t l = 0; l < kI8Lanes; ++l) {
     int32_t s = 0;
     for (int64_t j = 4 * l; j < 4 * l + 4; ++j) s += w.w[j] * x[j];
@@ -119,6 +126,9 @@ void tile_block_i8(const QuantizedRows& x, int64_t i0, const uint8_t* tile, floa
   const uint8_t* block = tile;
   for (int64_t b = 0; b < blocks; ++b, block += kBlockBytes) {
     for (int64_t l = 0; l < kBlockBytes; l += 64) __builtin_prefetch(block + kAheadBytes + l, 0, MR == 1 ? 3 : 2);
+    decltype(offset_sums(nullptr)) offset[MR] = {};
+    if constexpr (Type == QuantType::q4_0)
+      for (int64_t i = 0; i < MR; ++i) offset[i] = offset_sums(x.q + (i0 + i) * x.k + b * kQuantBlock);
     for (int64_t j = 0; j < kTileRows; ++j) {
       const BlockWeights w =
           block_weights<Type>(block + quant_tile_quants(Type) + j * quant_row_quant_bytes(Type));
@@ -126,7 +136,7 @@ void tile_block_i8(const QuantizedRows& x, int64_t i0, const uint8_t* tile, floa
       for (int64_t i = 0; i < MR; ++i) {
         const int64_t row = i0 + i;
         const float dx = x.dx[row * blocks + b];
-        acc[i][j] = block_fma<Type>(w, x.q + row * x.k + b * kQuantBlock, dw * dx, acc[i][j]);
+        acc[i][j] = block_fma<Type>(w, x.q + row * x.k + b * kQuantBlock, offset[i], dw * dx, acc[i][j]);
         if constexpr (Type == QuantType::q4_1)
           ms[i][j] = __builtin_fmaf(scale_at(block, 16, j), x.sx[row * blocks + b], ms[i][j]);
       }
