@@ -61,11 +61,6 @@ def quantize(tensor: torch.Tensor, fmt: str) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(gguf.quants.quantize(array, GGML_TYPES[fmt])))
 
 
-def dequantize(blocks: torch.Tensor, fmt: str) -> torch.Tensor:
-    """GGUF rows uint8 [n, row_bytes] in ``fmt`` -> fp32 [n, k] (gguf's dequantisation)."""
-    return torch.from_numpy(np.asarray(gguf.quants.dequantize(blocks.numpy(), GGML_TYPES[fmt]), dtype=np.float32))
-
-
 def quantize_matrices(weights: dict[str, torch.Tensor], fmt: str, source: str) -> dict[str, str]:
     """Replaces every float matrix of ``weights`` by its ``fmt`` rows; returns name -> format.
 
