@@ -226,7 +226,7 @@ void bind_kernel_pieces(py::module_& m) {
         },
         py::arg("x"), py::arg("blocks"), py::arg("format"), py::arg("k"), py::arg("bias") = py::none(),
         py::arg("threads") = 1, py::arg("int8_activations") = false,
-        "GGUF blocks [n, row bytes] of `format` (q8_0, q4_0, q4_1) packed as the model packs them -> "
+        "GGUF blocks [n, row bytes] of `format` (quant.h's: q8_0 .. q6_k) packed as the model packs them -> "
         "(y = x @ w.T (+ bias) [m, n] through the quantized kernel (fp32 activations, or int8 ones), the "
         "packed rows dequantised [n, k]).");
   m.def("quantize_rows",

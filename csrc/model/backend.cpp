@@ -30,10 +30,10 @@ at::Tensor Backend::vector(const at::Tensor& v) const {
   return v.to(device(), at::kFloat).contiguous();
 }
 
-Matrix Backend::quantized_matrix(const std::vector<at::Tensor>& parts, kernels::QuantType type, int64_t,
-                                 int64_t k) const {
+Matrix Backend::quantized_matrix(const std::vector<at::Tensor>& parts, const std::vector<kernels::QuantType>& types,
+                                 int64_t, int64_t k) const {
   std::vector<at::Tensor> dense;
-  for (const at::Tensor& part : parts) dense.push_back(dequantized(part, type, k));
+  for (size_t i = 0; i < parts.size(); ++i) dense.push_back(dequantized(parts[i], types[i], k));
   return matrix(dense.size() == 1 ? dense[0] : at::cat(dense), at::kFloat);
 }
 

@@ -56,6 +56,11 @@ struct Matrix {
   /// Quantized: multiplied with int8 activations (kernels::linear_quant_i8)
   /// rather than fp32 ones (kernels::linear_quant, the dequantised product).
   bool int8_activations = false;
+  /// Quantized parts whose tile formats differ (a fused q/k/v whose v is
+  /// q6_k and q, k q4_k, as llama.cpp's mixes write them): each a quantized
+  /// matrix of its own, multiplied into its columns in order; `data` is then
+  /// undefined and `quant` none.
+  std::vector<Matrix> segments;
 };
 
 /// One forward's index arrays on the device, uploaded once per forward.
@@ -115,12 +120,12 @@ class Backend {
   /// dense [n, k] -> this backend's layout, stored in `dtype` (kFloat / kBFloat16).
   virtual Matrix matrix(const at::Tensor& dense, at::ScalarType dtype) const = 0;
   /// GGUF blocks of an [n, k] matrix -> this backend's layout: `parts` are
-  /// its rows in order (fused q/k/v, gate/up), each uint8 [rows_i,
-  /// gguf_row_bytes(type, k)]. The cpu backend keeps the blocks
-  /// (Matrix::quant); the default dequantises them (dequantized()) into an
-  /// fp32 matrix.
-  virtual Matrix quantized_matrix(const std::vector<at::Tensor>& parts, kernels::QuantType type, int64_t n,
-                                  int64_t k) const;
+  /// its rows in order (fused q/k/v, gate/up), part i uint8 [rows_i,
+  /// gguf_row_bytes(types[i], k)]. The cpu backend keeps the blocks
+  /// (Matrix::quant, or segments where the parts' tile formats differ); the
+  /// default dequantises them (dequantized()) into an fp32 matrix.
+  virtual Matrix quantized_matrix(const std::vector<at::Tensor>& parts,
+                                  const std::vector<kernels::QuantType>& types, int64_t n, int64_t k) const;
   /// Norm weights and biases: fp32, contiguous, on the device.
   virtual at::Tensor vector(const at::Tensor& v) const;
   /// The embedding table [vocab, h] in `dtype`, on the device.

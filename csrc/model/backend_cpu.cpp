@@ -56,19 +56,33 @@ class CpuBackend final : public Backend {
     return m;
   }
 
-  Matrix quantized_matrix(const std::vector<at::Tensor>& parts, kernels::QuantType type, int64_t n,
-                          int64_t k) const override {
+  Matrix quantized_matrix(const std::vector<at::Tensor>& parts, const std::vector<kernels::QuantType>& types,
+                          int64_t n, int64_t k) const override {
+    // Runs of parts sharing a tile format are packed together (q4_k beside
+    // q4_1, say); a matrix of several runs multiplies them one by one.
+    std::vector<Matrix> runs;
+    for (size_t i = 0; i < parts.size();) {
+      const kernels::QuantType tile = kernels::quant_tile_type(types[i]);
+      size_t end = i;
+      int64_t rows = 0;
+      for (; end < parts.size() && kernels::quant_tile_type(types[end]) == tile; ++end) rows += parts[end].size(0);
+      Matrix m;
+      m.n = rows;
+      m.k = k;
+      m.quant = tile;
+      m.data = at::zeros({kernels::quant_packed_bytes(tile, rows, k)}, at::kByte);
+      for (int64_t first = 0; i < end; ++i) {
+        const at::Tensor part = parts[i].to(at::kCPU).contiguous();
+        kernels::quant_pack(types[i], part.data_ptr<uint8_t>(), part.size(0), k, first, m.data.data_ptr<uint8_t>());
+        first += part.size(0);
+      }
+      runs.push_back(std::move(m));
+    }
+    if (runs.size() == 1) return runs[0];
     Matrix m;
     m.n = n;
     m.k = k;
-    m.quant = type;
-    m.data = at::zeros({kernels::quant_packed_bytes(type, n, k)}, at::kByte);
-    int64_t first = 0;
-    for (const at::Tensor& part : parts) {
-      const at::Tensor rows = part.to(at::kCPU).contiguous();
-      kernels::quant_pack(type, rows.data_ptr<uint8_t>(), rows.size(0), k, first, m.data.data_ptr<uint8_t>());
-      first += rows.size(0);
-    }
+    m.segments = std::move(runs);
     return m;
   }
 
@@ -119,9 +133,18 @@ class CpuBackend final : public Backend {
     at::Tensor y = at::empty({m, w.n}, at::kFloat);
     const float* b = bias.defined() ? bias.data_ptr<float>() : nullptr;
     const float* xp = x.data_ptr<float>();
-    if (w.quant != kernels::QuantType::none)  // one product whatever the rows (no pair layout of blocks)
+    if (!w.segments.empty()) {  // quantized runs of differing formats, each into its columns
+      int64_t first = 0;
+      for (const Matrix& s : w.segments) {
+        (w.int8_activations ? kernels::linear_quant_i8 : kernels::linear_quant)(
+            s.quant, xp, x.stride(0), s.data.data_ptr<uint8_t>(), b ? b + first : nullptr,
+            y.data_ptr<float>() + first, w.n, m, s.n, w.k, ctx.pool);
+        first += s.n;
+      }
+    } else if (w.quant != kernels::QuantType::none) {  // one product whatever the rows (no pair layout of blocks)
       (w.int8_activations ? kernels::linear_quant_i8 : kernels::linear_quant)(
           w.quant, xp, x.stride(0), w.data.data_ptr<uint8_t>(), b, y.data_ptr<float>(), w.n, m, w.n, w.k, ctx.pool);
+    }
     // The pair kernels only where the CPU has AVX512-BF16: their lane-by-lane
     // emulation (kept for the kernel tests) is many times slower than linear.
     else if (ctx.matmul_min_rows > 0 && m >= ctx.matmul_min_rows && kernels::pairs_native())

@@ -81,10 +81,11 @@ Matrix Model::load_matrix(const WeightMap& w, const FormatMap& formats,
     types.push_back(type);
     n += rows;
   }
-  const bool one_format = std::all_of(types.begin(), types.end(), [&](auto t) { return t == types[0]; });
-  if (one_format && types[0] != kernels::QuantType::none) {
-    Matrix m = be.quantized_matrix(tensors, types[0], n, k);
-    m.int8_activations = m.quant != kernels::QuantType::none && int8_activations_;
+  const bool all_quantized =
+      std::none_of(types.begin(), types.end(), [](auto t) { return t == kernels::QuantType::none; });
+  if (all_quantized) {
+    Matrix m = be.quantized_matrix(tensors, types, n, k);
+    m.int8_activations = (m.quant != kernels::QuantType::none || !m.segments.empty()) && int8_activations_;
     return m;
   }
   for (size_t i = 0; i < tensors.size(); ++i)
@@ -165,10 +166,13 @@ int64_t Model::weight_bytes() const {
     bytes += static_cast<int64_t>(t.nbytes());
   };
   for (const at::Tensor* t : {&embed_, &final_norm_, &inv_freq_, &embed_rows_.data, &lm_head_.data}) add(*t);
-  for (const Layer& l : layers_)
+  for (const Layer& l : layers_) {
     for (const at::Tensor* t : {&l.attn_norm, &l.qkv_bias, &l.q_norm, &l.k_norm, &l.o_bias, &l.mlp_norm,
                                 &l.gate_up_bias, &l.down_bias, &l.qkv.data, &l.o.data, &l.gate_up.data, &l.down.data})
       add(*t);
+    for (const Matrix* m : {&l.qkv, &l.o, &l.gate_up, &l.down})
+      for (const Matrix& s : m->segments) add(s.data);
+  }
   return bytes;
 }
 

@@ -200,10 +200,10 @@ void EngineConfig::validate(const TestingConfig& testing) const {
                                   std::to_string(max_model_len) + ") tokens, got " +
                                   std::to_string(kv_capacity_tokens));
   const auto storage = [&](const char* field, const std::string& value, bool empty_ok) {
-    for (const char* name : {"float32", "bfloat16", "q8_0", "q4_0", "q4_1", "auto"})
+    for (const char* name : {"float32", "bfloat16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "auto"})
       if (value == name) return;
     if (!(empty_ok && value.empty()))
-      bad(field, std::string("must be 'float32', 'bfloat16', 'q8_0', 'q4_0', 'q4_1' or 'auto'") +
+      bad(field, std::string("must be 'float32', 'bfloat16', 'q8_0', 'q4_0', 'q4_1', 'q5_0', 'q5_1' or 'auto'") +
                      (empty_ok ? " ('' for dtype's)" : "") + ", got '" + value + "'");
   };
   storage("dtype", dtype, false);

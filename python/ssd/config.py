@@ -56,9 +56,10 @@ class EngineConfig:
     CPU, 4 GiB.
     kv_capacity_tokens: KV slots per model, overriding kv_cache_gib (0: from
     the budget). dtype: weight storage, "float32" or "bfloat16", a GGUF
-    block format for the matrices ("q8_0", "q4_0", "q4_1"; quantized at load)
-    or "auto" (a GGUF file's matrices stay in their own format where ssd has
-    kernels for it; see ssd.models.quantized); activations and the KV cache
+    block format for the matrices ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1";
+    quantized at load) or "auto" (a GGUF file's matrices stay in their own
+    format where ssd has kernels for it, the k-quants q4_k, q5_k and q6_k
+    included; see ssd.models.quantized); activations and the KV cache
     are float32. draft_dtype: the draft's ("": dtype's). quant_activations:
     what products with quantized matrices multiply: "int8" (activations
     quantized per 32-value block, as llama.cpp does; the faster) or "float32"

@@ -1,4 +1,4 @@
-"""Quantized matrix products (GGUF q8_0 / q4_0 / q4_1 blocks, csrc/kernels/cpu/quant.h).
+"""Quantized matrix products (GGUF q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k blocks, csrc/kernels/cpu/quant.h).
 
 The product over the blocks is defined as the exact product (linear.h) over
 the matrix gguf's own dequantiser gives: every output bitwise equal, on every
@@ -15,50 +15,74 @@ import torch
 
 from ssd import _C
 
-FORMATS = ["q8_0", "q4_0", "q4_1"]
+FORMATS = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"]
+K_QUANTS = ("q4_k", "q5_k", "q6_k")  # blocks of 256; gguf-py has no quantiser for them
 # n with partial 4-row tiles; k of one block, odd block counts, and the SmolLM2 width.
 SHAPES = [(5, 32), (13, 96), (64, 160), (130, 576)]
+K_SHAPES = [(5, 256), (13, 512), (130, 768)]
 ROW_COUNTS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 13, 70]
+# Byte offsets of each format's fp16 numbers in its GGUF block (d first).
+HALVES = {"q8_0": [0], "q4_0": [0], "q4_1": [0, 2], "q5_0": [0], "q5_1": [0, 2],
+          "q4_k": [0, 2], "q5_k": [0, 2], "q6_k": [208]}
 
 
 def ggml_type(fmt):
     return getattr(gguf.GGMLQuantizationType, fmt.upper())
 
 
+def shapes(fmt):
+    return K_SHAPES if fmt in K_QUANTS else SHAPES
+
+
+def format_shapes():
+    return [(fmt, n, k) for fmt in FORMATS for n, k in shapes(fmt)]
+
+
+def dequantized(blocks, fmt):
+    return torch.from_numpy(gguf.quants.dequantize(blocks, ggml_type(fmt)).astype(np.float32))
+
+
 def quantized(n, k, fmt, seed):
-    """GGUF rows of a random [n, k] matrix (gguf's quantiser) and their dequantisation."""
+    """GGUF rows of a random [n, k] matrix (gguf's quantiser; for the k-quants,
+    random quants under small scales) and their dequantisation."""
+    if fmt in K_QUANTS:
+        return random_blocks(n, k, fmt, seed, extreme=False)
     w = np.random.RandomState(seed).randn(n, k).astype(np.float32) / k ** 0.5
     blocks = np.ascontiguousarray(gguf.quants.quantize(w, ggml_type(fmt)))
-    dense = gguf.quants.dequantize(blocks, ggml_type(fmt)).astype(np.float32)
-    return torch.from_numpy(blocks), torch.from_numpy(dense)
+    return torch.from_numpy(blocks), dequantized(blocks, fmt)
 
 
-def random_blocks(n, k, fmt, seed):
-    """GGUF rows of random bytes with finite fp16 scales (subnormal, negative and large ones included)."""
+def random_blocks(n, k, fmt, seed, extreme=True):
+    """GGUF rows of random bytes with finite fp16 scales: with `extreme`,
+    subnormal, negative and large ones; else small positive ones, as a quantiser writes."""
     rng = np.random.RandomState(seed)
-    block_bytes = gguf.GGML_QUANT_SIZES[ggml_type(fmt)][1]
-    raw = rng.randint(0, 256, size=(n * k // 32, block_bytes), dtype=np.uint8)
-    scales = 2 if fmt == "q4_1" else 1
-    halves = rng.randint(0, 0x7C00, size=(raw.shape[0], scales)).astype(np.uint16)  # finite magnitudes
-    halves |= (rng.randint(0, 2, size=halves.shape) << 15).astype(np.uint16)       # either sign
-    halves[::7, 0] = rng.randint(1, 0x400, size=halves[::7, 0].shape)             # subnormal d
-    raw[:, : 2 * scales] = halves.view(np.uint8).reshape(raw.shape[0], 2 * scales)
-    blocks = raw.reshape(n, -1)
-    dense = gguf.quants.dequantize(blocks, ggml_type(fmt)).astype(np.float32)
-    return torch.from_numpy(np.ascontiguousarray(blocks)), torch.from_numpy(dense)
+    block_weights, block_bytes = gguf.GGML_QUANT_SIZES[ggml_type(fmt)]
+    raw = rng.randint(0, 256, size=(n * k // block_weights, block_bytes), dtype=np.uint8)
+    count = len(HALVES[fmt])
+    if extreme:
+        halves = rng.randint(0, 0x7C00, size=(raw.shape[0], count)).astype(np.uint16)  # finite magnitudes
+        halves |= (rng.randint(0, 2, size=halves.shape) << 15).astype(np.uint16)       # either sign
+        halves[::7, 0] = rng.randint(1, 0x400, size=halves[::7, 0].shape)             # subnormal d
+    else:
+        size = 1.0 / (k ** 0.5 * {"q4_k": 60, "q5_k": 120, "q6_k": 1000}.get(fmt, 8))
+        halves = (rng.uniform(0.5, 1.5, size=(raw.shape[0], count)) * size).astype(np.float16).view(np.uint16)
+    for i, at in enumerate(HALVES[fmt]):
+        raw[:, at:at + 2] = halves[:, i:i + 1].view(np.uint8).reshape(raw.shape[0], 2)
+    blocks = np.ascontiguousarray(raw.reshape(n, -1))
+    return torch.from_numpy(blocks), dequantized(blocks, fmt)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_dequantisation_is_ggufs(fmt):
-    blocks, dense = random_blocks(24, 128, fmt, seed=3)
-    assert torch.equal(_C.testing.quant_dequantize(blocks, fmt, 128), dense)
-    x = torch.randn(3, 128)
-    _, rows = _C.testing.quant_linear(x, blocks, fmt, 128)
+    k = 512 if fmt in K_QUANTS else 128
+    blocks, dense = random_blocks(24, k, fmt, seed=3)
+    assert torch.equal(_C.testing.quant_dequantize(blocks, fmt, k), dense)
+    x = torch.randn(3, k)
+    _, rows = _C.testing.quant_linear(x, blocks, fmt, k)
     assert torch.equal(rows, dense)  # the packed layout keeps every value
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("fmt,n,k", format_shapes())
 def test_product_is_the_exact_product_of_the_dequantised_matrix(fmt, n, k):
     blocks, dense = quantized(n, k, fmt, seed=n * 1000 + k)
     g = torch.Generator().manual_seed(n + k)
@@ -80,7 +104,7 @@ def test_product_is_the_exact_product_of_the_dequantised_matrix(fmt, n, k):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_random_blocks_multiply_as_their_dequantisation(fmt):
     # Extreme scales (subnormal to 65504, both signs) and every quant value.
-    n, k = 13, 192
+    n, k = 13, 512 if fmt in K_QUANTS else 192
     blocks, dense = random_blocks(n, k, fmt, seed=11)
     x = torch.randn(7, k) * 1e-3
     y, _ = _C.testing.quant_linear(x, blocks, fmt, k, None, 2)
@@ -89,18 +113,19 @@ def test_random_blocks_multiply_as_their_dequantisation(fmt):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_instruction_set_gives_the_same_bits(fmt):
-    blocks, dense = quantized(37, 320, fmt, seed=5)
-    x = torch.randn(9, 320)
+    k = 512 if fmt in K_QUANTS else 320
+    blocks, dense = quantized(37, k, fmt, seed=5)
+    x = torch.randn(9, k)
     previous = _C.cpu_isa()
     try:
         _C.set_cpu_isa("portable")
-        want, _ = _C.testing.quant_linear(x, blocks, fmt, 320, None, 2)
+        want, _ = _C.testing.quant_linear(x, blocks, fmt, k, None, 2)
         for isa in _C.cpu_isas():
             _C.set_cpu_isa(isa)
-            got, _ = _C.testing.quant_linear(x, blocks, fmt, 320, None, 2)
+            got, _ = _C.testing.quant_linear(x, blocks, fmt, k, None, 2)
             assert torch.equal(got, want), isa
             for rows in ([4], [8, 1, 2], [5, 6, 7, 0]):  # and batch invariant on each path
-                part, _ = _C.testing.quant_linear(x[rows], blocks, fmt, 320, None, 1)
+                part, _ = _C.testing.quant_linear(x[rows], blocks, fmt, k, None, 1)
                 assert torch.equal(part, want[rows]), (isa, rows)
     finally:
         _C.set_cpu_isa(previous)
@@ -120,8 +145,11 @@ def test_bad_shapes_and_formats_are_refused():
     blocks, _ = quantized(4, 64, "q8_0", seed=1)
     with pytest.raises(ValueError, match="multiple of 32 weights, not 40"):
         _C.testing.quant_dequantize(torch.zeros(4, 45, dtype=torch.uint8), "q8_0", 40)
-    with pytest.raises(ValueError, match="unknown quantized block format 'q5_k'.*q8_0, q4_0, q4_1"):
-        _C.testing.quant_dequantize(blocks, "q5_k", 64)
+    with pytest.raises(ValueError, match="unknown quantized block format 'q3_k'.*q8_0, q4_0, q4_1, q5_0, q5_1, "
+                                         "q4_k, q5_k, q6_k"):
+        _C.testing.quant_dequantize(blocks, "q3_k", 64)
+    with pytest.raises(ValueError, match="q6_k rows must hold a positive multiple of 256 weights, not 576"):
+        _C.testing.quant_dequantize(torch.zeros(4, 473, dtype=torch.uint8), "q6_k", 576)
     with pytest.raises(RuntimeError, match="GGUF rows"):
         _C.testing.quant_dequantize(blocks, "q4_0", 64)  # q8_0 rows are longer than q4_0's
 
@@ -140,22 +168,13 @@ def numpy_quantize_rows(x):
     return q.reshape(x.shape), dx, sx
 
 
-def int8_reference(x, blocks, fmt, k):
-    """The int8 product in float64 from its integer parts: sum_b d_w dx sum_j wq_j q_j (+ m sx)."""
-    q, dx, sx = numpy_quantize_rows(x)
-    raw = blocks.numpy().reshape(blocks.shape[0], k // 32, -1)
-    d = raw[..., :2].copy().view(np.float16)[..., 0].astype(np.float64)
-    if fmt == "q8_0":
-        wq = raw[..., 2:].view(np.int8).astype(np.int64)
-    else:
-        nib = raw[..., 4:] if fmt == "q4_1" else raw[..., 2:]
-        wq = np.concatenate([nib & 0x0F, nib >> 4], axis=-1).astype(np.int64) - (8 if fmt == "q4_0" else 0)
-    sums = np.einsum("mbj,nbj->mnb", q.reshape(q.shape[0], k // 32, 32).astype(np.int64), wq)
-    y = (sums * dx.astype(np.float64)[:, None, :] * d[None]).sum(-1)
-    if fmt == "q4_1":
-        m = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
-        y += (sx.astype(np.float64)[:, None, :] * m[None]).sum(-1)
-    return torch.from_numpy(y)
+def int8_reference(x, dense):
+    """The int8 product in float64: the quantized activations (q dx) times the
+    dequantised weights. quant.h's sums rearranged: d_w (q - o) is the weight
+    w, and d_w q dx + m sx over a block is w q dx summed."""
+    q, dx, _ = numpy_quantize_rows(x)
+    xq = q.reshape(q.shape[0], -1, 32).astype(np.float64) * dx.astype(np.float64)[..., None]
+    return torch.from_numpy(xq.reshape(q.shape[0], -1) @ dense.double().numpy().T)
 
 
 def test_activation_rows_quantize_as_defined():
@@ -172,14 +191,13 @@ def test_activation_rows_quantize_as_defined():
     assert dx[2, 0].isnan() and dx[2, 1:].isfinite().all()  # a non-finite block's outputs are NaN
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("fmt,n,k", format_shapes())
 def test_int8_product_is_its_definition_and_batch_invariant(fmt, n, k):
-    blocks, _ = quantized(n, k, fmt, seed=n * 1000 + k + 1)
+    blocks, dense = quantized(n, k, fmt, seed=n * 1000 + k + 1)
     g = torch.Generator().manual_seed(n + k)
     x = torch.randn(max(ROW_COUNTS), k, generator=g)
     full, _ = _C.testing.quant_linear(x, blocks, fmt, k, None, 1, True)
-    ref = int8_reference(x, blocks, fmt, k)
+    ref = int8_reference(x, dense)
     assert ((full.double() - ref).abs() / ref.abs().max()).max().item() < 1e-5
     for m in ROW_COUNTS:
         rows = torch.randperm(x.shape[0], generator=g)[:m]
@@ -190,22 +208,23 @@ def test_int8_product_is_its_definition_and_batch_invariant(fmt, n, k):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_int8_product_gives_the_same_bits_on_every_instruction_set(fmt):
-    blocks, _ = random_blocks(37, 320, fmt, seed=6)  # every quant value, extreme scales
-    x = torch.randn(9, 320)
+    k = 512 if fmt in K_QUANTS else 320
+    blocks, _ = random_blocks(37, k, fmt, seed=6)  # every quant value, extreme scales
+    x = torch.randn(9, k)
     bias = torch.randn(37)
     previous = _C.cpu_isa()
     try:
         _C.set_cpu_isa("portable")
-        want, _ = _C.testing.quant_linear(x, blocks, fmt, 320, bias, 2, True)
+        want, _ = _C.testing.quant_linear(x, blocks, fmt, k, bias, 2, True)
         for isa in _C.cpu_isas():
             _C.set_cpu_isa(isa)
-            got, _ = _C.testing.quant_linear(x, blocks, fmt, 320, bias, 2, True)
+            got, _ = _C.testing.quant_linear(x, blocks, fmt, k, bias, 2, True)
             assert torch.equal(got, want), isa
             for rows in ([4], [8, 1, 2], [5, 6, 7, 0]):  # and batch invariant on each path
-                part, _ = _C.testing.quant_linear(x[rows], blocks, fmt, 320, bias, 1, True)
+                part, _ = _C.testing.quant_linear(x[rows], blocks, fmt, k, bias, 1, True)
                 assert torch.equal(part, want[rows]), (isa, rows)
     finally:
         _C.set_cpu_isa(previous)
     # int8 activations are a different product from the fp32-activation one
-    exact, _ = _C.testing.quant_linear(x, blocks, fmt, 320, bias, 2, False)
+    exact, _ = _C.testing.quant_linear(x, blocks, fmt, k, bias, 2, False)
     assert not torch.equal(exact, want)

@@ -32,9 +32,9 @@ def matrix_names(state, tied):
     return names
 
 
-def tiny_gguf(path, arch, tied, types_of):
+def tiny_gguf(path, arch, tied, types_of, **overrides):
     """A tiny GGUF whose matrices have the ggml types types_of(name) gives (None: F32)."""
-    config = tiny_hf_config(arch, tie_word_embeddings=tied)
+    config = tiny_hf_config(arch, tie_word_embeddings=tied, **overrides)
     state = tiny_hf_model(config).state_dict()
     types = {n: types_of(n) for n in matrix_names(state, tied) if types_of(n) is not None}
     return write_tiny_gguf(path, config, state, types=types)
@@ -62,10 +62,10 @@ def test_blocks_compute_the_dequantised_model(tmp_path, arch, tied, fmt):
 
 
 def test_mixed_formats_and_other_types(tmp_path, caplog):
-    # q, k, v (one fused matrix) in three formats: dequantised together; o_proj
-    # F16 and down_proj Q5_0 have no kernel: dequantised, with one warning.
-    kinds = {"q_proj": "Q8_0", "k_proj": "Q4_0", "v_proj": "Q4_1", "o_proj": "F16", "gate_proj": "Q4_1",
-             "up_proj": "Q4_1", "down_proj": "Q5_0"}
+    # q, k, v (one fused matrix) in three formats: three products, one per
+    # part; o_proj F16 has no kernel: dequantised, with one warning.
+    kinds = {"q_proj": "Q8_0", "k_proj": "Q4_0", "v_proj": "Q4_1", "o_proj": "F16", "gate_proj": "Q5_1",
+             "up_proj": "Q5_1", "down_proj": "Q5_0"}
 
     def types_of(name):
         if name == "model.embed_tokens.weight":
@@ -76,11 +76,41 @@ def test_mixed_formats_and_other_types(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="ssd"):
         native = load(path, dtype="auto")
     warnings = [r.getMessage() for r in caplog.records if "dequantised" in r.getMessage()]
-    assert len(warnings) == 1 and "F16, Q5_0" in warnings[0], warnings
+    assert len(warnings) == 1 and "type F16 have" in warnings[0], warnings
     assert native.formats["model.layers.0.self_attn.k_proj.weight"] == "q4_0"
+    assert native.formats["model.layers.0.mlp.down_proj.weight"] == "q5_0"
     assert "model.layers.0.self_attn.o_proj.weight" not in native.formats
     assert native.weights["model.layers.0.self_attn.o_proj.weight"].dtype == torch.float32
-    assert torch.equal(native.logits(IDS, int8_activations=False), load(path, dtype="float32").logits(IDS))
+    want = load(path, dtype="float32").logits(IDS)
+    assert torch.equal(native.logits(IDS, int8_activations=False), want)
+    error = ((native.logits(IDS) - want).abs().max() / want.abs().max()).item()
+    assert 0 < error < 0.02, error
+
+
+# llama.cpp's Q4_K_M mix: q4_k, and q6_k for v, down and the vocabulary
+# matrices (so q/k/v is two products); q5_k gate/up as in its Q5_K_M.
+K_MIX = {"q_proj": "Q4_K", "k_proj": "Q4_K", "v_proj": "Q6_K", "o_proj": "Q4_K", "gate_proj": "Q5_K",
+         "up_proj": "Q5_K", "down_proj": "Q6_K"}
+
+
+@pytest.mark.parametrize("arch,tied", [("llama", False), ("qwen3", True)])
+def test_k_quant_mix_computes_the_dequantised_model(tmp_path, arch, tied):
+    def types_of(name):
+        return next((t for m, t in K_MIX.items() if f".{m}." in name), "Q6_K")
+
+    sizes = dict(hidden_size=256, intermediate_size=512, head_dim=64)  # rows of whole 256-blocks
+    path = tiny_gguf(tmp_path / "k.gguf", arch, tied, types_of, **sizes)
+    native = load(path, dtype="auto")
+    reference = load(path, dtype="float32")
+    assert set(native.formats.values()) == {"q4_k", "q5_k", "q6_k"}
+    assert native.formats["model.layers.1.self_attn.v_proj.weight"] == "q6_k"
+    want = reference.logits(IDS)
+    assert torch.equal(native.logits(IDS, int8_activations=False), want)
+    fast = native.logits(IDS)
+    error = ((fast - want).abs().max() / want.abs().max()).item()
+    assert 0 < error < 0.02, error
+    ratio = native.core_model().weight_bytes / reference.core_model().weight_bytes
+    assert ratio < 0.3, ratio  # 6 to 8 bits per weight held
 
 
 def test_quantizing_at_load_equals_the_files_blocks(tmp_path):
@@ -127,7 +157,7 @@ def test_aten_backend_dequantises_the_blocks(tmp_path):
 
 def test_unknown_dtypes_are_refused(tmp_path):
     path = tiny_gguf(tmp_path / "m.gguf", "llama", True, lambda name: None)
-    with pytest.raises(ModelLoadError, match="supported dtypes are float32, bfloat16, q8_0, q4_0, q4_1, auto"):
+    with pytest.raises(ModelLoadError, match="supported dtypes are float32, bfloat16, q8_0, q4_0, q4_1, q5_0, q5_1, auto"):
         load(path, dtype="q5_k")
     with pytest.raises(ValueError, match="dtype: must be 'float32', 'bfloat16', 'q8_0'"):
         EngineConfig(dtype="int8")

@@ -10,6 +10,8 @@ import numpy as np
 import torch
 import transformers
 
+from tests.reference.kquants import K_TYPES, quantize_k
+
 CHATML = (
     "{% for message in messages %}"
     "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
@@ -98,7 +100,8 @@ def write_tiny_gguf(path: Path, hf_config: transformers.PretrainedConfig,
             writer.add_tensor(gguf_tensor_name(name), array)
         else:
             qtype = getattr(gguf.GGMLQuantizationType, kind)
-            writer.add_tensor(gguf_tensor_name(name), gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+            blocks = quantize_k(array, kind) if kind in K_TYPES else gguf.quants.quantize(array, qtype)
+            writer.add_tensor(gguf_tensor_name(name), blocks, raw_dtype=qtype)
     for name, array in (extra_tensors or {}).items():
         writer.add_tensor(name, array)
     writer.write_header_to_file()

@@ -113,7 +113,7 @@ def parse_args(argv=None) -> tuple[BenchConfig, argparse.Namespace]:
     ap.add_argument("--saguaro-c", type=float, default=1.0)
     ap.add_argument("--fallback", default="auto", choices=["auto", "neural", "fast"])
     ap.add_argument("--coupling", default=EngineConfig.coupling, choices=["rejection", "gumbel"])
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "q8_0", "q4_0", "q4_1", "auto"],
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "auto"],
                     help="weight storage of target and draft (ssd.models.quantized; default float32)")
     ap.add_argument("--target-threads", type=int, default=1)
     ap.add_argument("--draft-threads", type=int, default=1)

@@ -382,9 +382,10 @@ def _blocks(tensor: Any, fmt: str, name: str, shape: tuple[int, ...], source: st
     """A matrix's GGUF rows, uint8 [n, row_bytes], viewing the file's map; ModelLoadError on a wrong shape."""
     n, k = shape
     data = tensor.data
-    if k % quantized.BLOCK or tuple(data.shape) != (n, quantized.row_bytes(fmt, k)):
+    whole = k % quantized.block_weights(fmt) == 0
+    if not whole or tuple(data.shape) != (n, quantized.row_bytes(fmt, k)):
         raise ModelLoadError(f"{source}: tensor {name} ({fmt}) holds {list(data.shape)} bytes of rows, "
-                             f"expected [{n}, {quantized.row_bytes(fmt, k) if k % quantized.BLOCK == 0 else '?'}] "
+                             f"expected [{n}, {quantized.row_bytes(fmt, k) if whole else '?'}] "
                              f"for shape {list(shape)}")
     return torch.from_numpy(data)
 

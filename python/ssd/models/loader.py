@@ -9,7 +9,7 @@ import torch
 from .errors import ModelLoadError
 from .hub_cache import resolve_model
 from .loaded import LoadedModel
-from .quantized import DTYPES, FORMATS, quantize_matrices
+from .quantized import DTYPES, LOAD_FORMATS, quantize_matrices
 from .tokenizer import Tokenizer
 
 SUPPORTED_DTYPES = DTYPES
@@ -27,7 +27,7 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu",
         device: where the weights go (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...).
         dtype: ``"float32"`` or ``"bfloat16"`` (or the torch dtypes): every
             weight, norms included, is converted to it; ``"q8_0"``, ``"q4_0"``,
-            ``"q4_1"``: the matrices are quantized to that GGUF block format
+            ``"q4_1"``, ``"q5_0"``, ``"q5_1"``: the matrices are quantized to that GGUF block format
             (norms stay float32); ``"auto"``: a GGUF file's matrices stay in
             their own block format where ssd has kernels for it (see
             ``ssd.models.quantized``), an HF checkpoint loads as float32.
@@ -53,7 +53,7 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu",
                 f"{model_path} is neither a model directory (with config.json) nor a GGUF file"
             )
         loaded = load_gguf(model_path, device, float_dtype, keep_blocks=dtype == "auto")
-    if dtype in FORMATS:
+    if dtype in LOAD_FORMATS:
         loaded.formats = quantize_matrices(loaded.weights, dtype, str(model_path))
     return loaded
 

@@ -1,4 +1,5 @@
-"""Weight matrices kept in GGUF block formats (``q8_0``, ``q4_0``, ``q4_1``).
+"""Weight matrices kept in GGUF block formats (``q8_0``, ``q4_0``, ``q4_1``,
+``q5_0``, ``q5_1``, ``q4_k``, ``q5_k``, ``q6_k``).
 
 Such a matrix ``[n, k]`` is held as its GGUF rows, a uint8 tensor
 ``[n, row_bytes]``, and ``LoadedModel.formats`` names its format. The CPU
@@ -11,9 +12,10 @@ load. See docs/models.md.
 The load dtypes (``ssd.models.load(..., dtype=)``, ``EngineConfig.dtype``):
 
 * ``"float32"``, ``"bfloat16"``: every weight dequantised / converted.
-* ``"q8_0"``, ``"q4_0"``, ``"q4_1"``: every matrix (the embedding and the
-  projections; norms stay fp32) quantized at load from its fp32 values
-  (gguf's quantizers), whatever the file held.
+* ``"q8_0"``, ``"q4_0"``, ``"q4_1"``, ``"q5_0"``, ``"q5_1"``: every matrix
+  (the embedding and the projections; norms stay fp32) quantized at load from
+  its fp32 values (gguf's quantizers), whatever the file held. gguf has no
+  quantizer for the k-quants, so they come only from files.
 * ``"auto"``: a GGUF file's matrices stay in the file's format where ssd has
   kernels for it; any other type is dequantised to fp32 with a one-line
   warning naming it. An HF checkpoint loads as fp32.
@@ -27,9 +29,10 @@ import gguf
 import numpy as np
 import torch
 
-FORMATS = ("q8_0", "q4_0", "q4_1")
-DTYPES = ("float32", "bfloat16", *FORMATS, "auto")
-BLOCK = 32  # weights per block, every format here
+FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
+LOAD_FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")  # those gguf-py can quantize to
+DTYPES = ("float32", "bfloat16", *LOAD_FORMATS, "auto")
+BLOCK = 32  # weights per block of the load formats (the k-quants' blocks hold 256)
 
 GGML_TYPES = {fmt: getattr(gguf.GGMLQuantizationType, fmt.upper()) for fmt in FORMATS}
 _FORMAT_OF_TYPE = {t: fmt for fmt, t in GGML_TYPES.items()}
@@ -50,9 +53,15 @@ def native_format(tensor_type) -> str | None:
     return _FORMAT_OF_TYPE.get(tensor_type)
 
 
+def block_weights(fmt: str) -> int:
+    """Weights per GGUF block of ``fmt`` (32, or 256 for the k-quants)."""
+    return gguf.GGML_QUANT_SIZES[GGML_TYPES[fmt]][0]
+
+
 def row_bytes(fmt: str, k: int) -> int:
-    """Bytes of one GGUF row of ``k`` weights in ``fmt``."""
-    return k // BLOCK * gguf.GGML_QUANT_SIZES[GGML_TYPES[fmt]][1]
+    """Bytes of one GGUF row of ``k`` weights (a multiple of the block) in ``fmt``."""
+    weights, size = gguf.GGML_QUANT_SIZES[GGML_TYPES[fmt]]
+    return k // weights * size
 
 
 def quantize(tensor: torch.Tensor, fmt: str) -> torch.Tensor:

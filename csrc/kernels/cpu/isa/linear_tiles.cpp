@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "../isa.h"
+#include "../quant_tile.h"
 #include "tile_groups.h"
 #include "vec.h"
 
@@ -50,15 +51,28 @@ struct QuantTile {
   Vec load(int64_t c, int64_t j) const {
     const uint8_t* block = p + (c >> 1) * kBlockBytes;
     const uint8_t* q = block + quant_tile_quants(Type) + j * quant_row_quant_bytes(Type);
-    float d;
-    std::memcpy(&d, block + 4 * j, 4);
     if constexpr (Type == QuantType::q8_0) {
-      return vmul(vload_i8(q + (c & 1) * kLanes), vbroadcast(d));
-    } else {
-      float m;
-      std::memcpy(&m, block + 16 + 4 * j, 4);
+      return vmul(vload_i8(q + (c & 1) * kLanes), vbroadcast(quant_f32_at(block + 4 * j)));
+    } else if constexpr (Type == QuantType::q4_0 || Type == QuantType::q4_1) {
       const Vec nibbles = (c & 1) ? vload_nibbles<true>(q) : vload_nibbles<false>(q);
-      return vfma(nibbles, vbroadcast(d), vbroadcast(m));
+      return vfma(nibbles, vbroadcast(quant_f32_at(block + 4 * j)), vbroadcast(quant_f32_at(block + 16 + 4 * j)));
+    } else {  // 5 or 6 bits: the nibble and the high bits of the chunk's 16 weights
+      const int64_t h = c & 1;
+      const uint8_t* high = block + quant_tile_high(Type) + j * quant_row_high_bytes(Type);
+      uint8_t values[kLanes];
+      if constexpr (Type == QuantType::q6_k) {
+        for (int64_t i = 0; i < kLanes; ++i)
+          values[i] = static_cast<uint8_t>(((h ? q[i] >> 4 : q[i] & 0x0f)) | (((high[i % 8] >> (4 * h + 2 * (i / 8))) & 3) << 4));
+        const float d = quant_f32_at(block + 8 * j + 4 * h);
+        return vfma(vload_u8(values), vbroadcast(d), vbroadcast(-32.0f * d));
+      } else {
+        uint32_t bits;
+        std::memcpy(&bits, high, 4);
+        for (int64_t i = 0; i < kLanes; ++i)
+          values[i] = static_cast<uint8_t>((h ? q[i] >> 4 : q[i] & 0x0f) | (((bits >> (16 * h + i)) & 1u) << 4));
+        return vfma(vload_u8(values), vbroadcast(quant_f32_at(block + 4 * j)),
+                    vbroadcast(quant_f32_at(block + 16 + 4 * j)));
+      }
     }
   }
   template <int Locality>
@@ -159,6 +173,9 @@ void linear_quant(QuantType type, const float* x, int64_t ldx, const uint8_t* wp
     case QuantType::q8_0: return quant_linear<QuantType::q8_0>(x, ldx, wp, bias, y, ldy, m, n, k, pool);
     case QuantType::q4_0:  // held as q4_1 (quant.h)
     case QuantType::q4_1: return quant_linear<QuantType::q4_1>(x, ldx, wp, bias, y, ldy, m, n, k, pool);
+    case QuantType::q5_0:  // m = -16 d stored, as q5_1
+    case QuantType::q5_1: return quant_linear<QuantType::q5_1>(x, ldx, wp, bias, y, ldy, m, n, k, pool);
+    case QuantType::q6_k: return quant_linear<QuantType::q6_k>(x, ldx, wp, bias, y, ldy, m, n, k, pool);
     default: return;
   }
 }

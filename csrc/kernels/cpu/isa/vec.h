@@ -59,6 +59,9 @@ inline float vsum(Vec a) { return _mm512_reduce_add_ps(a); }
 inline Vec vload_i8(const uint8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
+inline Vec vload_u8(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
 template <bool High>
 inline Vec vload_nibbles(const uint8_t* p) {
   const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -135,6 +138,7 @@ inline __m256 half_nibbles(const uint8_t* p) {
   return _mm256_cvtepi32_ps(High ? _mm256_srli_epi32(b, 4) : _mm256_and_si256(b, _mm256_set1_epi32(0x0f)));
 }
 inline Vec vload_i8(const uint8_t* p) { return {half_i8(p), half_i8(p + 8)}; }
+inline Vec vload_u8(const uint8_t* p) { return {_mm256_cvtepi32_ps(half_bytes(p)), _mm256_cvtepi32_ps(half_bytes(p + 8))}; }
 template <bool High>
 inline Vec vload_nibbles(const uint8_t* p) { return {half_nibbles<High>(p), half_nibbles<High>(p + 8)}; }
 // The pairwise tree of the other paths: lanes l + 8, then l + 4, l + 2, l + 1.
@@ -212,6 +216,11 @@ inline Vec vfma(Vec a, Vec b, Vec c) {
 inline Vec vload_i8(const uint8_t* p) {
   Vec r;
   for (int64_t i = 0; i < kLanes; ++i) r.v[i] = static_cast<float>(static_cast<int8_t>(p[i]));
+  return r;
+}
+inline Vec vload_u8(const uint8_t* p) {
+  Vec r;
+  for (int64_t i = 0; i < kLanes; ++i) r.v[i] = static_cast<float>(p[i]);
   return r;
 }
 template <bool High>

@@ -1,0 +1,94 @@
+// One 32-weight sub-block of a packed quantized tile (quant.h's layout), read
+// and written as plain integers and scales: the packing, the row lookup and
+// the portable product use these; the vector paths read the same bytes with
+// their own instructions.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "quant.h"
+
+namespace ssd::kernels {
+
+/// A sub-block: q (unsigned but for q8_0), and d, m per half of 16 weights.
+struct QuantSub {
+  int32_t q[kQuantBlock];
+  float d[2];
+  float m[2];
+};
+
+inline float quant_f32_at(const uint8_t* p) {
+  float v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+/// Weight t of a sub-block as the products use it: d q (q8_0) or fma(q, d, m).
+inline float quant_value(QuantType tile, const QuantSub& s, int64_t t) {
+  const int64_t h = t / 16;
+  if (tile == QuantType::q8_0) return s.d[h] * static_cast<float>(s.q[t]);
+  return __builtin_fmaf(static_cast<float>(s.q[t]), s.d[h], s.m[h]);
+}
+
+/// Row j (0..3) of one packed tile block of format `tile` -> its sub-block.
+inline void quant_tile_read(QuantType tile, const uint8_t* block, int64_t j, QuantSub& s) {
+  const uint8_t* q = block + quant_tile_quants(tile) + j * quant_row_quant_bytes(tile);
+  const uint8_t* high = block + quant_tile_high(tile) + j * quant_row_high_bytes(tile);
+  if (tile == QuantType::q8_0) {
+    for (int64_t t = 0; t < kQuantBlock; ++t) s.q[t] = static_cast<int8_t>(q[t]);
+  } else {
+    for (int64_t t = 0; t < 16; ++t) {
+      s.q[t] = q[t] & 0x0f;
+      s.q[t + 16] = q[t] >> 4;
+    }
+  }
+  if (tile == QuantType::q5_0 || tile == QuantType::q5_1) {
+    uint32_t bits;
+    std::memcpy(&bits, high, 4);
+    for (int64_t t = 0; t < kQuantBlock; ++t) s.q[t] |= static_cast<int32_t>((bits >> t) & 1u) << 4;
+  } else if (tile == QuantType::q6_k) {
+    for (int64_t t = 0; t < kQuantBlock; ++t) s.q[t] |= ((high[t % 8] >> (2 * (t / 8))) & 3) << 4;
+  }
+  if (tile == QuantType::q6_k) {
+    for (int64_t h = 0; h < 2; ++h) {
+      s.d[h] = quant_f32_at(block + 8 * j + 4 * h);
+      s.m[h] = -32.0f * s.d[h];
+    }
+  } else {
+    s.d[0] = s.d[1] = quant_f32_at(block + 4 * j);
+    s.m[0] = s.m[1] = tile == QuantType::q8_0 ? 0.0f : quant_f32_at(block + 16 + 4 * j);
+  }
+}
+
+/// A sub-block -> row j of one packed tile block of format `tile` (the
+/// inverse of quant_tile_read; q6_k's m is not stored, it is -32 d).
+inline void quant_tile_write(QuantType tile, const QuantSub& s, uint8_t* block, int64_t j) {
+  uint8_t* q = block + quant_tile_quants(tile) + j * quant_row_quant_bytes(tile);
+  uint8_t* high = block + quant_tile_high(tile) + j * quant_row_high_bytes(tile);
+  if (tile == QuantType::q6_k) {
+    std::memcpy(block + 8 * j, &s.d[0], 4);
+    std::memcpy(block + 8 * j + 4, &s.d[1], 4);
+  } else {
+    std::memcpy(block + 4 * j, &s.d[0], 4);
+    if (tile != QuantType::q8_0) std::memcpy(block + 16 + 4 * j, &s.m[0], 4);
+  }
+  if (tile == QuantType::q8_0) {
+    for (int64_t t = 0; t < kQuantBlock; ++t) q[t] = static_cast<uint8_t>(static_cast<int8_t>(s.q[t]));
+    return;
+  }
+  for (int64_t t = 0; t < 16; ++t) q[t] = static_cast<uint8_t>((s.q[t] & 0x0f) | ((s.q[t + 16] & 0x0f) << 4));
+  if (tile == QuantType::q5_0 || tile == QuantType::q5_1) {
+    uint32_t bits = 0;
+    for (int64_t t = 0; t < kQuantBlock; ++t) bits |= static_cast<uint32_t>((s.q[t] >> 4) & 1) << t;
+    std::memcpy(high, &bits, 4);
+  } else if (tile == QuantType::q6_k) {
+    for (int64_t i = 0; i < 8; ++i) {
+      uint8_t byte = 0;
+      for (int64_t p = 0; p < 4; ++p) byte = static_cast<uint8_t>(byte | (((s.q[i + 8 * p] >> 4) & 3) << (2 * p)));
+      high[i] = byte;
+    }
+  }
+}
+
+}  // namespace ssd::kernels
