@@ -241,6 +241,79 @@ def test_decode_worker_measures_bandwidth_and_rejects_unknown_jobs(capsys):
     assert "unknown job kind 'llama.cpp'" in capsys.readouterr().err
 
 
+FAKE_LLAMA_BENCH = """#!/usr/bin/env python3
+import json, sys
+args = sys.argv[1:]
+if args == ["--version"]:
+    print("version: 9.9 (fake)"); sys.exit(0)
+opt = dict(zip(args[::2], args[1::2]))
+gen = int(opt["-n"])
+rate = 300.0 if gen == 0 else 100.0 + int(opt["-t"])
+print(json.dumps([{"n_prompt": int(opt["-p"]), "n_gen": gen, "n_depth": int(opt.get("-d", 0)),
+                   "model_filename": opt["-m"], "samples_ts": [rate] * int(opt["-r"])}]))
+"""
+FAKE_LLAMA_QUANTIZE = """#!/bin/sh
+[ "$1" = --allow-requantize ] || exit 3
+echo "$4" > "$3"
+"""
+
+
+def _fake_llamacpp(folder):
+    """A folder with stand-ins for llama.cpp's llama-bench and llama-quantize."""
+    folder.mkdir()
+    for name, text in (("llama-bench", FAKE_LLAMA_BENCH), ("llama-quantize", FAKE_LLAMA_QUANTIZE)):
+        path = folder / name
+        path.write_text(text)
+        path.chmod(0o755)
+    return folder
+
+
+def test_llamacpp_peer_tools_files_and_worker(tmp_path, capsys):
+    from ssd.bench import llamacpp
+    from ssd.bench.decode_worker import MARK_RESULT, main
+
+    with pytest.raises(llamacpp.LlamaCppMissing, match="no .*llama-bench"):
+        llamacpp.find_tools(str(tmp_path))
+    tools = llamacpp.find_tools(str(_fake_llamacpp(tmp_path / "bin")))
+    source = tmp_path / "m.Q4_1.gguf"
+    source.write_text("demo")
+    cache = tmp_path / "cache"
+    assert llamacpp.model_file(source, "auto", tools["llama-quantize"], cache) == source
+    q8 = llamacpp.model_file(source, "q8_0", tools["llama-quantize"], cache)
+    assert q8 == cache / "m.Q4_1.Q8_0.gguf" and q8.read_text().strip() == "Q8_0"
+    q8.write_text("kept")  # made once, then reused
+    assert llamacpp.model_file(source, "q8_0", tools["llama-quantize"], cache).read_text() == "kept"
+    assert llamacpp.version(tools["llama-bench"]) == "version: 9.9 (fake)"
+    job = {"kind": "llamacpp", "dtype": "q8_0", "threads": 2, "model": str(q8), "prompt_ids": [1] * 7,
+           "max_tokens": 5, "repeats": 3, "llama_bench": tools["llama-bench"]}
+    assert llamacpp.bench_args(job, prefill=False)[-6:] == ["-p", "0", "-n", "5", "-d", "7"]
+    assert main([json.dumps(job)]) == 0
+    result = json.loads(capsys.readouterr().out.splitlines()[-1][len(MARK_RESULT):])
+    assert result["rates"] == [102.0] * 3 and result["prefill_rates"] == [300.0] * 3
+
+
+def test_decode_rows_compare_ssd_with_llamacpp():
+    from pathlib import Path
+
+    from ssd.bench.decode import make_jobs, parse_args, summarise, table
+
+    ssd_row, _ = _decode_rows()
+    peer = {"engine": "llamacpp", "dtype": "float32", "threads": 1, "rates": [20.0, 22.0, 24.0],
+            "prefill_rates": [600.0], "ttft_s": None, "token_ids": None, "other_cpu_fraction": 0.0}
+    rows = [ssd_row, peer]
+    summarise(rows, {1: {"gbps": 20.0}}, {"float32": 500_000_000}, prompt_tokens=120)
+    assert ssd_row["prefill_tok_s"] == pytest.approx(400.0)  # 120 tokens / 0.3 s TTFT
+    assert ssd_row["speedup_vs_llamacpp"] == pytest.approx(33.0 / 22.0)
+    assert ssd_row["prefill_vs_llamacpp"] == pytest.approx(400.0 / 600.0)
+    assert peer["speedup_vs_llamacpp"] is None and peer["prefill_tok_s"] == 600.0
+    text = table(rows, {1: {"gbps": 20.0}}, {"float32": 500_000_000}, 4)
+    assert "1.50x/0.67x" in text and "vs llama.cpp:" in text
+    args = parse_args(["--engines", "ssd", "llamacpp", "--dtypes", "q8_0", "--threads", "2"])
+    jobs = make_jobs(args, Path("m.gguf"), [1], {"q8_0": "m.Q8_0.gguf"}, "/bin/llama-bench")
+    peer_job = next(j for j in jobs if j["kind"] == "llamacpp")
+    assert peer_job["model"] == "m.Q8_0.gguf" and peer_job["llama_bench"] == "/bin/llama-bench"
+
+
 # ---------------------------------------------------------------- contention
 
 

@@ -38,26 +38,34 @@ class ForeignLoad:
     fraction = (machine busy CPU-s - this process's CPU-s - excluded CPU-s) / (wall-s * logical CPUs).
     A few percent is noise; tens of percent mean the numbers are contended. `exclude_pids` are
     processes the benchmark started on purpose (a competing busy process): their share is
-    reported apart, as excluded_fraction.
+    reported apart, as excluded_fraction. With `own_children`, the CPU time of this process's
+    waited-for children (a peer's binary it ran) counts as its own.
     """
 
     fraction: float | None = None
     excluded_fraction: float | None = None
 
-    def __init__(self, exclude_pids: tuple[int, ...] | list[int] = ()):
+    def __init__(self, exclude_pids: tuple[int, ...] | list[int] = (), own_children: bool = False):
         self.exclude_pids = tuple(exclude_pids)
+        self.own_children = own_children
+
+    def _own_seconds(self) -> float:
+        if not self.own_children:
+            return time.process_time()
+        t = os.times()
+        return time.process_time() + t.children_user + t.children_system
 
     def _excluded_seconds(self) -> float | None:
         seconds = [process_cpu_seconds(pid) for pid in self.exclude_pids]
         return None if None in seconds else sum(seconds)
 
     def __enter__(self):
-        self.busy0, self.own0, self.wall0 = machine_busy_seconds(), time.process_time(), time.perf_counter()
+        self.busy0, self.own0, self.wall0 = machine_busy_seconds(), self._own_seconds(), time.perf_counter()
         self.excluded0 = self._excluded_seconds()
         return self
 
     def __exit__(self, *exc):
-        busy1, own1, wall1 = machine_busy_seconds(), time.process_time(), time.perf_counter()
+        busy1, own1, wall1 = machine_busy_seconds(), self._own_seconds(), time.perf_counter()
         excluded1 = self._excluded_seconds()
         cpu_seconds = (wall1 - self.wall0) * (os.cpu_count() or 1)
         if self.busy0 is None or busy1 is None or self.excluded0 is None or excluded1 is None:

@@ -52,11 +52,13 @@ PROG = f"{BENCH_PROG} decode"
 DTYPES = ("float32", "bfloat16", "q8_0", "q4_0", "auto")
 # The dtypes transformers runs too (it reads the GGUF dequantised).
 FLOAT_DTYPES = ("float32", "bfloat16")
-ENGINES = ("ssd", "transformers")
+ENGINES = ("ssd", "transformers", "llamacpp")  # llamacpp: bench.llamacpp, on request
 METHOD = ("decode tok/s = (generated - 1) / (t_last_token - t_first_token); prefill and the "
           "first token excluded. ssd: engine request metrics (finish_time - time_to_first_token). "
           "transformers: per-token timestamps from a generate() streamer. Greedy, EOS ignored, "
-          "batch 1, one untimed warm-up per process, median over repeats.")
+          "batch 1, one untimed warm-up per process, median over repeats. llama.cpp: llama-bench's "
+          "own rates, decode -p 0 -n N -d P, prefill -p P -n 0 (P: the prompt's tokens). Prefill "
+          "tok/s: P / TTFT for ssd and transformers.")
 # --quick's settings, and the full run's.
 QUICK = {"dtypes": ["float32"], "max_tokens": 16, "repeats": 1, "bw_mb": 256}
 FULL = {"dtypes": list(DTYPES), "max_tokens": 64, "repeats": 3, "bw_mb": 1024}
@@ -69,8 +71,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--dtypes", nargs="+", choices=DTYPES, default=None,
                     help="weight dtypes (default: all; --quick: float32); transformers runs float32 and "
                          "bfloat16 only")
-    ap.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES),
-                    help="engines to run (default: both)")
+    ap.add_argument("--engines", nargs="+", choices=ENGINES, default=["ssd", "transformers"],
+                    help="engines to run (default: ssd transformers; llamacpp needs llama.cpp's tools, "
+                         "see --llamacpp-bin)")
+    ap.add_argument("--llamacpp-bin", default=None, metavar="DIR",
+                    help="folder with llama.cpp's llama-bench and llama-quantize (default: where llama-bench "
+                         "is on PATH); see ssd.bench.llamacpp")
     ap.add_argument("--cpu-isas", nargs="+", choices=("avx512", "avx2", "portable"), default=None, metavar="ISA",
                     help="run ssd's CPU kernels on each of these instruction sets (avx512, avx2, portable; "
                          "default: the best this CPU has), one row each")
@@ -196,12 +202,17 @@ def common_prefix(a: list[int] | None, b: list[int] | None) -> int | None:
     return n
 
 
-def summarise(rows: list[dict], bw: dict[int, dict], bytes_per_token: dict[str, int]) -> None:
-    """Adds median, bound, fraction of bound, speedup over transformers and greedy agreement to each row."""
+def summarise(rows: list[dict], bw: dict[int, dict], bytes_per_token: dict[str, int],
+              prompt_tokens: int | None = None) -> None:
+    """Adds median, prefill rate, bound, fraction of bound, speedups over transformers, llama.cpp
+    and bf16, and greedy agreement to each row."""
     for r in rows:
         r["tok_s"] = statistics.median(r["rates"])
         r["tok_s_min"], r["tok_s_max"] = min(r["rates"]), max(r["rates"])
-        r["ttft_s_median"] = statistics.median(r["ttft_s"])
+        r["ttft_s_median"] = statistics.median(r["ttft_s"]) if r.get("ttft_s") else None
+        r["prefill_tok_s"] = (statistics.median(r["prefill_rates"]) if r.get("prefill_rates")
+                              else prompt_tokens / r["ttft_s_median"] if prompt_tokens and r["ttft_s_median"]
+                              else None)
         r["bytes_per_token"] = bytes_per_token[r["dtype"]]
         r["bound_tok_s"] = bw[r["threads"]]["gbps"] * 1e9 / r["bytes_per_token"]
         r["fraction_of_bound"] = r["tok_s"] / r["bound_tok_s"]
@@ -213,6 +224,10 @@ def summarise(rows: list[dict], bw: dict[int, dict], bytes_per_token: dict[str, 
         r["speedup_vs_bf16"] = r["tok_s"] / base["tok_s"] if base else None
         other = by_engine["transformers" if r["engine"] == "ssd" else "ssd"].get((r["dtype"], r["threads"]))
         r["speedup_vs_transformers"] = r["tok_s"] / other["tok_s"] if r["engine"] == "ssd" and other else None
+        peer = by_engine["llamacpp"].get((r["dtype"], r["threads"])) if r["engine"] == "ssd" else None
+        r["speedup_vs_llamacpp"] = r["tok_s"] / peer["tok_s"] if peer else None
+        r["prefill_vs_llamacpp"] = (r["prefill_tok_s"] / peer["prefill_tok_s"]
+                                    if peer and r["prefill_tok_s"] else None)
         r["greedy_prefix_match"] = common_prefix(r["token_ids"], other["token_ids"]) if other else None
 
 
@@ -222,8 +237,8 @@ def _pct(fraction: float | None) -> str:
 
 def table(rows: list[dict], bw: dict[int, dict], bytes_per_token: dict[str, int], max_tokens: int) -> str:
     head = (f"{'dtype':<9} {'thr':>3} {'engine':<16} {'decode tok/s':>12} {'(min-max)':>15} "
-            f"{'TTFT s':>7} {'bound tok/s':>11} {'% bound':>8} {'vs HF':>6} {'vs bf16':>7} {'greedy=':>8} "
-            f"{'other CPU':>9}")
+            f"{'prefill tok/s':>13} {'bound tok/s':>11} {'% bound':>8} {'vs HF':>6} {'vs llama.cpp':>12} "
+            f"{'vs bf16':>7} {'greedy=':>8} {'other CPU':>9}")
     lines = [head, "-" * len(head)]
     for r in sorted(rows, key=lambda r: (DTYPES.index(r["dtype"]), r["threads"], ENGINES.index(r["engine"]),
                                          r.get("cpu_isa") or "")):
@@ -231,9 +246,12 @@ def table(rows: list[dict], bw: dict[int, dict], bytes_per_token: dict[str, int]
         vs_bf16 = f"{r['speedup_vs_bf16']:.2f}x" if r.get("speedup_vs_bf16") else ""
         agree = f"{r['greedy_prefix_match']}/{max_tokens}" if r["greedy_prefix_match"] is not None else ""
         spread = f"({r['tok_s_min']:.1f}-{r['tok_s_max']:.1f})"
+        vs_peer = (f"{r['speedup_vs_llamacpp']:.2f}x/{r['prefill_vs_llamacpp']:.2f}x"
+                   if r.get("speedup_vs_llamacpp") and r.get("prefill_vs_llamacpp") else "")
+        prefill = f"{r['prefill_tok_s']:.1f}" if r["prefill_tok_s"] else "n/a"
         lines.append(f"{r['dtype']:<9} {r['threads']:>3} {engine_label(r):<16} {r['tok_s']:>12.2f} {spread:>15} "
-                     f"{r['ttft_s_median']:>7.3f} {r['bound_tok_s']:>11.1f} {100 * r['fraction_of_bound']:>7.1f}% "
-                     f"{speed:>6} {vs_bf16:>7} {agree:>8} {_pct(r.get('other_cpu_fraction')):>9}")
+                     f"{prefill:>13} {r['bound_tok_s']:>11.1f} {100 * r['fraction_of_bound']:>7.1f}% "
+                     f"{speed:>6} {vs_peer:>12} {vs_bf16:>7} {agree:>8} {_pct(r.get('other_cpu_fraction')):>9}")
     lines.append("")
     for t in sorted(bw):
         lines.append(f"copy bandwidth {t} thread(s): {bw[t]['gbps']:.2f} GB/s (read+write bytes / time; "
@@ -241,6 +259,9 @@ def table(rows: list[dict], bw: dict[int, dict], bytes_per_token: dict[str, int]
     for d in sorted(bytes_per_token, key=DTYPES.index):
         lines.append(f"weight bytes read per token, {d}: {bytes_per_token[d] / 1e6:.1f} MB")
     lines.append("vs bf16: ssd's tok/s over its own bfloat16 row (same threads and instruction set)")
+    if any(r["engine"] == "llamacpp" for r in rows):
+        lines.append("vs llama.cpp: ssd's decode / prefill tok/s over llama.cpp's (same dtype and threads; "
+                     "llama.cpp on GGUF files of that type made by its llama-quantize)")
     lines.append("greedy= : leading generated tokens identical between ssd and transformers")
     lines.append("other CPU: share of the machine's CPU time used by other processes during the timed runs")
     fractions = [r.get("other_cpu_fraction") for r in rows] + [v.get("other_cpu_fraction") for v in bw.values()]
@@ -250,7 +271,8 @@ def table(rows: list[dict], bw: dict[int, dict], bytes_per_token: dict[str, int]
     return "\n".join(lines)
 
 
-def make_jobs(args, model: Path, prompt_ids: list[int]) -> list[dict]:
+def make_jobs(args, model: Path, prompt_ids: list[int], peer_files: dict[str, str] | None = None,
+              llama_bench: str | None = None) -> list[dict]:
     threads = sorted(set(args.threads))
     jobs = [{"kind": "bandwidth", "threads": t, "bw_mb": args.bw_mb} for t in threads]
     for dtype in args.dtypes:
@@ -260,6 +282,8 @@ def make_jobs(args, model: Path, prompt_ids: list[int]) -> list[dict]:
                     continue
                 job = {"kind": engine, "dtype": dtype, "threads": t, "model": str(model), "prompt_ids": prompt_ids,
                        "max_tokens": args.max_tokens, "repeats": args.repeats, "max_model_len": args.max_model_len}
+                if engine == "llamacpp":
+                    job.update(model=peer_files[dtype], llama_bench=llama_bench)
                 isas = args.cpu_isas if engine == "ssd" else [None]
                 jobs += [{**job, "cpu_isa": isa} if isa else job for isa in isas]
     return jobs
@@ -305,8 +329,20 @@ def main(argv: list[str]) -> int:
               f"exceed --max-model-len {args.max_model_len}", file=sys.stderr)
         return 2
     bytes_per_token = {d: bytes_per_token[d] for d in args.dtypes}
-    bw, rows = run_jobs(make_jobs(args, model, prompt_ids), args.wait_idle, args.timeout)
-    summarise(rows, bw, bytes_per_token)
+    peer_files, tools, llamacpp_version = {}, {}, None
+    if "llamacpp" in args.engines:
+        from .llamacpp import LlamaCppMissing, find_tools, model_file, version
+
+        try:
+            tools = find_tools(args.llamacpp_bin)
+        except LlamaCppMissing as exc:
+            print(f"{PROG}: {exc}", file=sys.stderr)
+            return 2
+        llamacpp_version = version(tools["llama-bench"])
+        peer_files = {d: str(model_file(model, d, tools["llama-quantize"])) for d in args.dtypes}
+    jobs = make_jobs(args, model, prompt_ids, peer_files, tools.get("llama-bench"))
+    bw, rows = run_jobs(jobs, args.wait_idle, args.timeout)
+    summarise(rows, bw, bytes_per_token, len(prompt_ids))
     try:
         import transformers
 
@@ -317,6 +353,7 @@ def main(argv: list[str]) -> int:
             "prompt_tokens": len(prompt_ids), "max_tokens": args.max_tokens, "repeats": args.repeats,
             "method": METHOD, "bandwidth_method": f"torch copy_ of {args.bw_mb} MB fp32, best of 5, "
             "(read + write bytes) / time", "transformers": transformers_version,
+            "llamacpp": llamacpp_version, "llamacpp_files": peer_files,
             "loadavg_at_start": loadavg, "wall_seconds": round(time.perf_counter() - t_start, 1)}
     print(f"\nSmolLM2-135M-Instruct (GGUF Q4_1; dtype auto keeps its blocks), batch 1, {len(prompt_ids)}-token prompt "
           f"({prompt_source}), {args.max_tokens} new tokens, median of {args.repeats}")

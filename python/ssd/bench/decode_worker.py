@@ -117,7 +117,22 @@ def run_bandwidth(job: dict) -> dict:
             "other_cpu_fraction": load.fraction}
 
 
-WORKERS = {"ssd": run_ssd, "transformers": run_transformers, "bandwidth": run_bandwidth}
+def run_llamacpp(job: dict) -> dict:
+    """llama.cpp's llama-bench on the job's file: prefill, then decode at the prompt's depth (bench.llamacpp)."""
+    from .llamacpp import run_bench
+
+    _step()
+    with ForeignLoad(job.get("exclude_pids", ()), own_children=True) as load:
+        prefill = run_bench(job, prefill=True)
+        _step()
+        rates = run_bench(job, prefill=False)
+    for _ in range(job["repeats"]):
+        _step()
+    return {"rates": rates, "prefill_rates": prefill, "ttft_s": None, "token_ids": None,
+            "other_cpu_fraction": load.fraction, "excluded_cpu_fraction": load.excluded_fraction}
+
+
+WORKERS = {"ssd": run_ssd, "transformers": run_transformers, "llamacpp": run_llamacpp, "bandwidth": run_bandwidth}
 
 
 def main(argv: list[str] | None = None) -> int:
