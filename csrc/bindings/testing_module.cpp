@@ -160,8 +160,8 @@ void bind_kernel_pieces(py::module_& m) {
            int64_t threads) {
           TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1),
                       "x must be [m, k] and w [n, k] with the same k");
-          TORCH_CHECK(w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16,
-                      "w must be float32 or bfloat16");
+          TORCH_CHECK(w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16 || w.scalar_type() == at::kHalf,
+                      "w must be float32, bfloat16 or float16");
           // Rows may be strided (as the model's are): the kernels read k columns of each.
           const at::Tensor xs = x.scalar_type() == at::kFloat && x.stride(1) == 1 ? x : x.to(at::kFloat).contiguous();
           const int64_t m = x.size(0), n = w.size(0), k = w.size(1), ldx = xs.stride(0);
@@ -178,7 +178,12 @@ void bind_kernel_pieces(py::module_& m) {
           at::Tensor packed = at::empty({kernels::packed_size(n, k)}, w.scalar_type());
           std::vector<uint16_t> pair_w;
           if (pairs) pair_w.resize(static_cast<size_t>(kernels::pair_packed_size(n, k)));
-          if (bf16) {
+          if (w.scalar_type() == at::kHalf) {
+            TORCH_CHECK(!pairs, "the pair kernels take bf16 or fp32 weights, not fp16");
+            auto* pw = reinterpret_cast<kernels::Fp16*>(packed.data_ptr<at::Half>());
+            kernels::pack(reinterpret_cast<const kernels::Fp16*>(dense.data_ptr<at::Half>()), n, k, pw);
+            kernels::linear(xs.data_ptr<float>(), ldx, pw, bp, y.data_ptr<float>(), n, m, n, k, pool);
+          } else if (bf16) {
             auto* pw = reinterpret_cast<uint16_t*>(packed.data_ptr<at::BFloat16>());
             kernels::pack(reinterpret_cast<const uint16_t*>(dense.data_ptr<at::BFloat16>()), n, k, pw);
             if (pairs) kernels::pack_pairs(pw, n, k, pair_w.data());

@@ -124,6 +124,10 @@ class Backend {
   /// gguf_row_bytes(types[i], k)]. The cpu backend keeps the blocks
   /// (Matrix::quant, or segments where the parts' tile formats differ); the
   /// default dequantises them (dequantized()) into an fp32 matrix.
+  /// Whether matrix() keeps kHalf storage (the cpu backend's products
+  /// convert fp16 weights in registers); others are given fp16 matrices as
+  /// float32.
+  virtual bool multiplies_fp16() const { return false; }
   virtual Matrix quantized_matrix(const std::vector<at::Tensor>& parts,
                                   const std::vector<kernels::QuantType>& types, int64_t n, int64_t k) const;
   /// Norm weights and biases: fp32, contiguous, on the device.

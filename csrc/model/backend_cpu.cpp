@@ -37,10 +37,14 @@ at::Tensor reserve_zeroed(const std::vector<int64_t>& sizes) {
 }
 
 const uint16_t* bf16_data(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); }
+const kernels::Fp16* fp16_data(const at::Tensor& t) {
+  return reinterpret_cast<const kernels::Fp16*>(t.data_ptr<at::Half>());
+}
 
 class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
+  bool multiplies_fp16() const override { return true; }
   at::Device device() const override { return at::Device(at::kCPU); }
 
   Matrix matrix(const at::Tensor& dense, at::ScalarType dtype) const override {
@@ -51,6 +55,8 @@ class CpuBackend final : public Backend {
     m.data = at::empty({kernels::packed_size(m.n, m.k)}, dtype);
     if (dtype == at::kBFloat16)
       kernels::pack(bf16_data(src), m.n, m.k, reinterpret_cast<uint16_t*>(m.data.data_ptr<at::BFloat16>()));
+    else if (dtype == at::kHalf)
+      kernels::pack(fp16_data(src), m.n, m.k, reinterpret_cast<kernels::Fp16*>(m.data.data_ptr<at::Half>()));
     else
       kernels::pack(src.data_ptr<float>(), m.n, m.k, m.data.data_ptr<float>());
     return m;
@@ -147,8 +153,11 @@ class CpuBackend final : public Backend {
     }
     // The pair kernels only where the CPU has AVX512-BF16: their lane-by-lane
     // emulation (kept for the kernel tests) is many times slower than linear.
-    else if (ctx.matmul_min_rows > 0 && m >= ctx.matmul_min_rows && kernels::pairs_native())
+    else if (ctx.matmul_min_rows > 0 && m >= ctx.matmul_min_rows && kernels::pairs_native() &&
+             w.data.scalar_type() != at::kHalf)
       kernels::linear_pairs(xp, x.stride(0), pair_weight(w), b, y.data_ptr<float>(), w.n, m, w.n, w.k, ctx.pool);
+    else if (w.data.scalar_type() == at::kHalf)
+      kernels::linear(xp, x.stride(0), fp16_data(w.data), b, y.data_ptr<float>(), w.n, m, w.n, w.k, ctx.pool);
     else if (w.data.scalar_type() == at::kBFloat16)
       kernels::linear(xp, x.stride(0), bf16_data(w.data), b, y.data_ptr<float>(), w.n, m, w.n, w.k, ctx.pool);
     else

@@ -90,7 +90,12 @@ Matrix Model::load_matrix(const WeightMap& w, const FormatMap& formats,
   }
   for (size_t i = 0; i < tensors.size(); ++i)
     if (types[i] != kernels::QuantType::none) tensors[i] = dequantized(tensors[i], types[i], k);
-  return be.matrix(tensors.size() == 1 ? tensors[0] : at::cat(tensors), dtype);
+  // fp16 matrices (an F16 GGUF's) stay fp16 where the backend multiplies them
+  const bool fp16 = std::all_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) {
+    return t.scalar_type() == at::kHalf;
+  });
+  return be.matrix(tensors.size() == 1 ? tensors[0] : at::cat(tensors),
+                   fp16 && be.multiplies_fp16() ? at::kHalf : dtype);
 }
 
 Model::Model(const ModelConfig& config, const WeightMap& w, const ModelPlacement& placement,

@@ -85,7 +85,7 @@ def test_choice_is_reported(isa):
     assert _C.cpu_isa() == isa
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("m", [1, 2, 3, 5, 7, 13])
 def test_linear_same_bits(m, dtype):
     # n = 37 ends in a partial tile, k = 100 in a partial 16-lane chunk.
@@ -97,6 +97,22 @@ def test_linear_same_bits(m, dtype):
     assert_same_bits(got)
     ref = x.double() @ w.double().T + b.double()
     assert torch.allclose(got["portable"].double(), ref, rtol=1e-5, atol=1e-5)
+    if dtype != torch.float32:  # 16-bit weights widen exactly: the float32 product of their values
+        assert torch.equal(got["portable"], _C.testing.packed_linear(x, w.float(), b, threads=2))
+
+
+def test_fp16_weights_widen_exactly_at_the_edges():
+    # subnormal, largest, signed zero, infinity and NaN halves, in a partial chunk
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(9, 45, generator=g).to(torch.float16)
+    w[0, :6] = torch.tensor([6e-8, -6e-8, 65504.0, -0.0, 1e-5, -65504.0], dtype=torch.float16)
+    w[3, 44], w[5, 1] = float("inf"), float("nan")
+    x = torch.randn(4, 45, generator=g)
+    got = each_isa(lambda: _C.testing.packed_linear(x, w, threads=1))
+    assert_same_bits(got)
+    want = _C.testing.packed_linear(x, w.float(), threads=1)
+    torch.testing.assert_close(got["portable"], want, rtol=0, atol=0, equal_nan=True)
+    assert got["portable"][:, 5].isnan().all() and not got["portable"][:, 0].isnan().any()
 
 
 def test_pair_linear_does_not_depend_on_the_choice():

@@ -63,8 +63,8 @@ def test_blocks_compute_the_dequantised_model(tmp_path, arch, tied, fmt):
 
 def test_mixed_formats_and_other_types(tmp_path, caplog):
     # q, k, v (one fused matrix) in three formats: three products, one per
-    # part; o_proj F16 has no kernel: dequantised, with one warning.
-    kinds = {"q_proj": "Q8_0", "k_proj": "Q4_0", "v_proj": "Q4_1", "o_proj": "F16", "gate_proj": "Q5_1",
+    # part; o_proj MXFP4 has no kernel: dequantised, with one warning.
+    kinds = {"q_proj": "Q8_0", "k_proj": "Q4_0", "v_proj": "Q4_1", "o_proj": "MXFP4", "gate_proj": "Q5_1",
              "up_proj": "Q5_1", "down_proj": "Q5_0"}
 
     def types_of(name):
@@ -76,7 +76,7 @@ def test_mixed_formats_and_other_types(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="ssd"):
         native = load(path, dtype="auto")
     warnings = [r.getMessage() for r in caplog.records if "dequantised" in r.getMessage()]
-    assert len(warnings) == 1 and "type F16 have" in warnings[0], warnings
+    assert len(warnings) == 1 and "type MXFP4 have" in warnings[0], warnings
     assert native.formats["model.layers.0.self_attn.k_proj.weight"] == "q4_0"
     assert native.formats["model.layers.0.mlp.down_proj.weight"] == "q5_0"
     assert "model.layers.0.self_attn.o_proj.weight" not in native.formats
@@ -85,6 +85,18 @@ def test_mixed_formats_and_other_types(tmp_path, caplog):
     assert torch.equal(native.logits(IDS, int8_activations=False), want)
     error = ((native.logits(IDS) - want).abs().max() / want.abs().max()).item()
     assert 0 < error < 0.02, error
+
+
+@pytest.mark.parametrize("kind,dtype", [("F16", torch.float16), ("BF16", torch.bfloat16)])
+def test_sixteen_bit_files_stay_sixteen_bit(tmp_path, kind, dtype):
+    path = tiny_gguf(tmp_path / "h.gguf", "qwen3", True, lambda name: kind)
+    native = load(path, dtype="auto")
+    assert native.formats == {}
+    assert native.weights["model.layers.0.mlp.down_proj.weight"].dtype == dtype
+    reference = load(path, dtype="float32")  # the same values as float32
+    assert torch.equal(native.logits(IDS), reference.logits(IDS))
+    ratio = native.core_model().weight_bytes / reference.core_model().weight_bytes
+    assert ratio < 0.6, ratio  # held in 16 bits (the tied fp16 table also as a float32 lookup copy)
 
 
 # llama.cpp's Q4_K_M mix: q4_k, and q6_k for v, down and the vocabulary

@@ -7,6 +7,12 @@
 
 namespace ssd::kernels {
 
+/// An IEEE half as a weight matrix stores it: a type of its own, so the
+/// products' templates tell it from bf16 (whose elements are uint16_t).
+struct Fp16 {
+  uint16_t bits;
+};
+
 inline float fp16_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu, bits;

@@ -110,10 +110,13 @@ void linear_pairs(const float* x, int64_t ldx, const uint16_t* wp, const float* 
 
 template void pack<float>(const float*, int64_t, int64_t, float*);
 template void pack<uint16_t>(const uint16_t*, int64_t, int64_t, uint16_t*);
+template void pack<Fp16>(const Fp16*, int64_t, int64_t, Fp16*);
 template void linear<float>(const float*, int64_t, const float*, const float*, float*, int64_t, int64_t, int64_t,
                             int64_t, ThreadPool&);
 template void linear<uint16_t>(const float*, int64_t, const uint16_t*, const float*, float*, int64_t, int64_t,
                                int64_t, int64_t, ThreadPool&);
+template void linear<Fp16>(const float*, int64_t, const Fp16*, const float*, float*, int64_t, int64_t, int64_t,
+                           int64_t, ThreadPool&);
 template void pack_pairs<float>(const float*, int64_t, int64_t, uint16_t*);
 template void pack_pairs<uint16_t>(const uint16_t*, int64_t, int64_t, uint16_t*);
 

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 
+#include "fp16.h"
 #include "thread_pool.h"
 
 namespace ssd::kernels {

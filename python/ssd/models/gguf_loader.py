@@ -83,9 +83,10 @@ def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, keep_blocks:
     """Load the GGUF file at ``path`` with weights in ``dtype`` on ``device``.
 
     keep_blocks: matrices stored in a format of ``quantized.FORMATS`` stay in
-    their GGUF rows (``LoadedModel.formats`` names them); every other tensor
-    is dequantised to ``dtype``, with one warning naming the types that were
-    not plain float32.
+    their GGUF rows (``LoadedModel.formats`` names them), F16 and BF16
+    matrices stay float16 / bfloat16 tensors; every other tensor is
+    dequantised to ``dtype``, with one warning naming the types that were not
+    plain float32.
     """
     reader = _open_reader(path)
     meta = _Metadata(reader, str(path))
@@ -364,9 +365,13 @@ def _read_weights(tensors: dict[str, Any], config: ModelConfig, architecture: st
     for name, shape in expected_shapes(config).items():
         tensor = tensors[gguf_name_of[name]]
         fmt = quantized.native_format(tensor.tensor_type) if keep_blocks and quantized.is_matrix(name) else None
+        sixteen = quantized.sixteen_bit_dtype(tensor.tensor_type) if keep_blocks and quantized.is_matrix(name) else None
         if fmt is not None:
             value = _blocks(tensor, fmt, name, shape, source)
             formats[name] = fmt
+        elif sixteen is not None:  # the file's 16-bit values, a view of its map
+            data = tensor.data if sixteen == torch.float16 else tensor.data.view(np.uint16)
+            value = finish_tensor(name, torch.from_numpy(data).view(sixteen), shape, sixteen, device, source)
         else:
             if keep_blocks and not quantized.is_float_type(tensor.tensor_type):
                 dequantised_types.append(getattr(tensor.tensor_type, "name", str(tensor.tensor_type)))

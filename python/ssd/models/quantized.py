@@ -17,8 +17,9 @@ The load dtypes (``ssd.models.load(..., dtype=)``, ``EngineConfig.dtype``):
   its fp32 values (gguf's quantizers), whatever the file held. gguf has no
   quantizer for the k-quants, so they come only from files.
 * ``"auto"``: a GGUF file's matrices stay in the file's format where ssd has
-  kernels for it; any other type is dequantised to fp32 with a one-line
-  warning naming it. An HF checkpoint loads as fp32.
+  kernels for it (F16 and BF16 ones as float16 / bfloat16 tensors); any other
+  type is dequantised to fp32 with a one-line warning naming it. An HF
+  checkpoint loads as fp32.
 """
 from __future__ import annotations
 
@@ -39,6 +40,9 @@ _FORMAT_OF_TYPE = {t: fmt for fmt, t in GGML_TYPES.items()}
 
 # ggml types read as plain floats (no warning when they are dequantised).
 _FLOAT_TYPES = {gguf.GGMLQuantizationType.F32}
+# 16-bit float types an "auto" load keeps as torch tensors of their own dtype
+# (the CPU backend multiplies fp16 matrices as they are; bf16 is a model dtype).
+_SIXTEEN_BIT = {gguf.GGMLQuantizationType.F16: torch.float16, gguf.GGMLQuantizationType.BF16: torch.bfloat16}
 
 log = logging.getLogger("ssd")
 
@@ -97,6 +101,11 @@ def warn_dequantized(types: Iterable[str], source: str) -> None:
     if names:
         log.warning("%s: tensors of type %s have no ssd kernel and are dequantised to float32",
                     source, ", ".join(names))
+
+
+def sixteen_bit_dtype(tensor_type) -> torch.dtype | None:
+    """torch.float16 / torch.bfloat16 for a ggml F16 / BF16 tensor type, else None."""
+    return _SIXTEEN_BIT.get(tensor_type)
 
 
 def is_float_type(tensor_type) -> bool:

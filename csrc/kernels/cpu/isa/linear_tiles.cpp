@@ -184,5 +184,7 @@ template void linear<float>(const float*, int64_t, const float*, const float*, f
                             int64_t, ThreadPool&);
 template void linear<uint16_t>(const float*, int64_t, const uint16_t*, const float*, float*, int64_t, int64_t,
                                int64_t, int64_t, ThreadPool&);
+template void linear<Fp16>(const float*, int64_t, const Fp16*, const float*, float*, int64_t, int64_t, int64_t,
+                           int64_t, ThreadPool&);
 
 }  // namespace ssd::kernels::SSD_ISA

@@ -11,8 +11,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "../bf16.h"
+#include "../fp16.h"
 #include "isa_namespace.h"
 
 #if SSD_ISA_LEVEL >= 1
@@ -48,11 +50,13 @@ inline Vec vload(const uint16_t* p) {
   __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
+inline Vec vload(const Fp16* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 inline Vec vload_tail(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(tail_mask(n), p); }
 inline Vec vload_tail(const uint16_t* p, int64_t n) {
   __m256i h = _mm256_maskz_loadu_epi16(tail_mask(n), p);
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
+inline Vec vload_tail(const Fp16* p, int64_t n) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tail_mask(n), p)); }
 inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline float vsum(Vec a) { return _mm512_reduce_add_ps(a); }
 // 16 int8 -> float; the low (High = false) or high nibbles of 16 bytes -> float.
@@ -117,12 +121,20 @@ inline __m256 half_bf16(const uint16_t* p) {
 }
 inline Vec vload(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
 inline Vec vload(const uint16_t* p) { return {half_bf16(p), half_bf16(p + 8)}; }
+// F16C's conversion is exact (every half is a float).
+inline __m256 half_fp16(const Fp16* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline Vec vload(const Fp16* p) { return {half_fp16(p), half_fp16(p + 8)}; }
 inline Vec vload_tail(const float* p, int64_t n) {
   return {_mm256_maskload_ps(p, half_mask(n)), _mm256_maskload_ps(p + 8, half_mask(n - 8))};
 }
 inline Vec vload_tail(const uint16_t* p, int64_t n) {
   uint16_t lanes[kLanes] = {};
   std::memcpy(lanes, p, static_cast<size_t>(n) * sizeof(uint16_t));
+  return vload(lanes);
+}
+inline Vec vload_tail(const Fp16* p, int64_t n) {
+  Fp16 lanes[kLanes] = {};
+  std::memcpy(lanes, p, static_cast<size_t>(n) * sizeof(Fp16));
   return vload(lanes);
 }
 inline Vec vfma(Vec a, Vec b, Vec c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
@@ -194,7 +206,8 @@ struct Vec {
 inline Vec vzero() { return Vec{}; }
 template <typename T>
 inline float lane_value(const T* p, int64_t i) {
-  if constexpr (sizeof(T) == 2) return bf16_to_float(p[i]);
+  if constexpr (std::is_same_v<T, Fp16>) return fp16_to_float(p[i].bits);
+  else if constexpr (sizeof(T) == 2) return bf16_to_float(p[i]);
   else return p[i];
 }
 template <typename T>
