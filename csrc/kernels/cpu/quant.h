@@ -25,14 +25,16 @@
 // block of one tile holds its 4 rows' scales as fp32, then their quants in
 // one of five tile formats (quant_tile_type):
 //   q8_0        d[4], int8 q[4][32]                                 144 bytes (9 bits / weight)
-//   q4_0, q4_1  d[4], m[4], nibbles[4][16]                           96 bytes (6)
-//   q5_0, q5_1  d[4], m[4], nibbles[4][16], high bits[4][4]         112 bytes (7)
+//   q4_0        d[4], nibbles[4][16]                                 80 bytes (5)
+//   q4_1        d[4], m[4], nibbles[4][16]                           96 bytes (6)
+//   q5_0        d[4], nibbles[4][16], high bits[4][4]                96 bytes (6)
+//   q5_1        d[4], m[4], nibbles[4][16], high bits[4][4]         112 bytes (7)
 //   q6_k        d[4][2], nibbles[4][16], high bit pairs[4][8]        128 bytes (8)
 // Nibble byte t holds q_t in its low and q_{t+16} in its high 4 bits; q5's
 // high bits are one little-endian uint32, bit t for q_t; q6's byte t holds
 // bits 4-5 of q_t, q_{t+8}, q_{t+16}, q_{t+24} at bits 0-1, 2-3, 4-5, 6-7.
-// q4_k and q5_k are held as q4_1 and q5_1; q4_0 and q5_0 keep their m, and
-// q6_k's m = -32 d is not stored. Rows past n are zero.
+// q4_k and q5_k are held as q4_1 and q5_1; the m of q4_0, q5_0 and q6_k
+// (-8 d, -16 d, -32 d) is not stored. Rows past n are zero.
 //
 // Two products: linear_quant, the exact product (linear.h) over the
 // dequantised matrix, each 16-lane chunk dequantised in registers, so a
@@ -59,23 +61,20 @@ constexpr int64_t kQuantBlock = 32;
 constexpr QuantType quant_tile_type(QuantType type) {
   return type == QuantType::q4_k ? QuantType::q4_1 : type == QuantType::q5_k ? QuantType::q5_1 : type;
 }
-/// Bytes of one block of one tile in the packed layout, and where its parts
-/// start: the fp32 d at 0 (4 bytes per row; q6_k 8, its two halves), m at 16
-/// (q4_*, q5_*), row r's quants at quant_tile_quants(type) + r *
+/// Where the parts of one block of one tile start in the packed layout: the
+/// fp32 d at 0 (4 bytes per row; q6_k 8, its two halves), m at 16 (q4_1,
+/// q5_1), row r's quants at quant_tile_quants(type) + r *
 /// quant_row_quant_bytes(type) (32 int8, or 16 bytes of nibbles), row r's
-/// high bits at quant_tile_high(type) + r * quant_row_high_bytes(type).
-constexpr int64_t quant_tile_block_bytes(QuantType type) {
-  switch (quant_tile_type(type)) {
-    case QuantType::q8_0: return 144;
-    case QuantType::q5_0:
-    case QuantType::q5_1: return 112;
-    case QuantType::q6_k: return 128;
-    default: return 96;
-  }
+/// high bits at quant_tile_high(type) + r * quant_row_high_bytes(type); and
+/// its size, quant_tile_block_bytes(type).
+constexpr bool quant_tile_has_m(QuantType type) {
+  return quant_tile_type(type) == QuantType::q4_1 || quant_tile_type(type) == QuantType::q5_1;
 }
-constexpr int64_t quant_tile_quants(QuantType type) { return type == QuantType::q8_0 ? 16 : 32; }
+constexpr int64_t quant_tile_quants(QuantType type) {
+  return quant_tile_has_m(type) || quant_tile_type(type) == QuantType::q6_k ? 32 : 16;
+}
 constexpr int64_t quant_row_quant_bytes(QuantType type) { return type == QuantType::q8_0 ? 32 : 16; }
-constexpr int64_t quant_tile_high(QuantType) { return 96; }
+constexpr int64_t quant_tile_high(QuantType type) { return quant_tile_quants(type) + 4 * quant_row_quant_bytes(type); }
 constexpr int64_t quant_row_high_bytes(QuantType type) {
   switch (quant_tile_type(type)) {
     case QuantType::q5_0:
@@ -83,6 +82,9 @@ constexpr int64_t quant_row_high_bytes(QuantType type) {
     case QuantType::q6_k: return 8;
     default: return 0;
   }
+}
+constexpr int64_t quant_tile_block_bytes(QuantType type) {
+  return quant_tile_high(type) + 4 * quant_row_high_bytes(type);
 }
 
 /// "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k" ("none" for none).

@@ -57,12 +57,15 @@ inline void quant_tile_read(QuantType tile, const uint8_t* block, int64_t j, Qua
     }
   } else {
     s.d[0] = s.d[1] = quant_f32_at(block + 4 * j);
-    s.m[0] = s.m[1] = tile == QuantType::q8_0 ? 0.0f : quant_f32_at(block + 16 + 4 * j);
+    s.m[0] = s.m[1] = quant_tile_has_m(tile)            ? quant_f32_at(block + 16 + 4 * j)
+                      : tile == QuantType::q4_0 ? -8.0f * s.d[0]
+                      : tile == QuantType::q5_0 ? -16.0f * s.d[0]
+                                                : 0.0f;
   }
 }
 
 /// A sub-block -> row j of one packed tile block of format `tile` (the
-/// inverse of quant_tile_read; q6_k's m is not stored, it is -32 d).
+/// inverse of quant_tile_read; the m of q4_0, q5_0 and q6_k is not stored).
 inline void quant_tile_write(QuantType tile, const QuantSub& s, uint8_t* block, int64_t j) {
   uint8_t* q = block + quant_tile_quants(tile) + j * quant_row_quant_bytes(tile);
   uint8_t* high = block + quant_tile_high(tile) + j * quant_row_high_bytes(tile);
@@ -71,7 +74,7 @@ inline void quant_tile_write(QuantType tile, const QuantSub& s, uint8_t* block, 
     std::memcpy(block + 8 * j + 4, &s.d[1], 4);
   } else {
     std::memcpy(block + 4 * j, &s.d[0], 4);
-    if (tile != QuantType::q8_0) std::memcpy(block + 16 + 4 * j, &s.m[0], 4);
+    if (quant_tile_has_m(tile)) std::memcpy(block + 16 + 4 * j, &s.m[0], 4);
   }
   if (tile == QuantType::q8_0) {
     for (int64_t t = 0; t < kQuantBlock; ++t) q[t] = static_cast<uint8_t>(static_cast<int8_t>(s.q[t]));

@@ -55,7 +55,8 @@ struct QuantTile {
       return vmul(vload_i8(q + (c & 1) * kLanes), vbroadcast(quant_f32_at(block + 4 * j)));
     } else if constexpr (Type == QuantType::q4_0 || Type == QuantType::q4_1) {
       const Vec nibbles = (c & 1) ? vload_nibbles<true>(q) : vload_nibbles<false>(q);
-      return vfma(nibbles, vbroadcast(quant_f32_at(block + 4 * j)), vbroadcast(quant_f32_at(block + 16 + 4 * j)));
+      const float d = quant_f32_at(block + 4 * j);
+      return vfma(nibbles, vbroadcast(d), vbroadcast(offset(block, j, d)));
     } else {  // 5 or 6 bits: the nibble and the high bits of the chunk's 16 weights
       const int64_t h = c & 1;
       const uint8_t* high = block + quant_tile_high(Type) + j * quant_row_high_bytes(Type);
@@ -70,10 +71,15 @@ struct QuantTile {
         std::memcpy(&bits, high, 4);
         for (int64_t i = 0; i < kLanes; ++i)
           values[i] = static_cast<uint8_t>((h ? q[i] >> 4 : q[i] & 0x0f) | (((bits >> (16 * h + i)) & 1u) << 4));
-        return vfma(vload_u8(values), vbroadcast(quant_f32_at(block + 4 * j)),
-                    vbroadcast(quant_f32_at(block + 16 + 4 * j)));
+        const float d = quant_f32_at(block + 4 * j);
+        return vfma(vload_u8(values), vbroadcast(d), vbroadcast(offset(block, j, d)));
       }
     }
+  }
+  // m of tile row j: stored (q4_1, q5_1), or -8 d / -16 d (q4_0, q5_0; exact)
+  static float offset(const uint8_t* block, int64_t j, float d) {
+    if constexpr (quant_tile_has_m(Type)) return quant_f32_at(block + 16 + 4 * j);
+    else return (Type == QuantType::q4_0 ? -8.0f : -16.0f) * d;
   }
   template <int Locality>
   void prefetch(int64_t c, int64_t, int64_t) const {
@@ -171,9 +177,9 @@ void linear_quant(QuantType type, const float* x, int64_t ldx, const uint8_t* wp
                   int64_t ldy, int64_t m, int64_t n, int64_t k, ThreadPool& pool) {
   switch (type) {
     case QuantType::q8_0: return quant_linear<QuantType::q8_0>(x, ldx, wp, bias, y, ldy, m, n, k, pool);
-    case QuantType::q4_0:  // held as q4_1 (quant.h)
+    case QuantType::q4_0: return quant_linear<QuantType::q4_0>(x, ldx, wp, bias, y, ldy, m, n, k, pool);
     case QuantType::q4_1: return quant_linear<QuantType::q4_1>(x, ldx, wp, bias, y, ldy, m, n, k, pool);
-    case QuantType::q5_0:  // m = -16 d stored, as q5_1
+    case QuantType::q5_0: return quant_linear<QuantType::q5_0>(x, ldx, wp, bias, y, ldy, m, n, k, pool);
     case QuantType::q5_1: return quant_linear<QuantType::q5_1>(x, ldx, wp, bias, y, ldy, m, n, k, pool);
     case QuantType::q6_k: return quant_linear<QuantType::q6_k>(x, ldx, wp, bias, y, ldy, m, n, k, pool);
     default: return;

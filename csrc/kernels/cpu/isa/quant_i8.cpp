@@ -24,7 +24,7 @@ template <QuantType Type>
 constexpr int kOffset = Type == QuantType::q4_0 ? 8 : Type == QuantType::q5_0 ? 16 : Type == QuantType::q6_k ? 32 : 0;
 // Whether the tile's m multiplies sx (q4_1, q5_1 tiles).
 template <QuantType Type>
-constexpr bool kHasMin = Type == QuantType::q4_1 || Type == QuantType::q5_1;
+constexpr bool kHasMin = quant_tile_has_m(Type);
 
 template <QuantType Type>
 inline const uint8_t* row_quants(const uint8_t* block, int64_t j) {
