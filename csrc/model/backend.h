@@ -117,17 +117,18 @@ class Backend {
   virtual at::Device device() const = 0;
 
   // ---- weights (dense inputs are host or device tensors, any float dtype)
-  /// dense [n, k] -> this backend's layout, stored in `dtype` (kFloat / kBFloat16).
+  /// dense [n, k] -> this backend's layout, stored in `dtype` (kFloat /
+  /// kBFloat16; kHalf where multiplies_fp16()).
   virtual Matrix matrix(const at::Tensor& dense, at::ScalarType dtype) const = 0;
+  /// Whether matrix() keeps kHalf storage (the cpu backend's products
+  /// convert fp16 weights in registers); others are given fp16 matrices as
+  /// float32.
+  virtual bool multiplies_fp16() const { return false; }
   /// GGUF blocks of an [n, k] matrix -> this backend's layout: `parts` are
   /// its rows in order (fused q/k/v, gate/up), part i uint8 [rows_i,
   /// gguf_row_bytes(types[i], k)]. The cpu backend keeps the blocks
   /// (Matrix::quant, or segments where the parts' tile formats differ); the
   /// default dequantises them (dequantized()) into an fp32 matrix.
-  /// Whether matrix() keeps kHalf storage (the cpu backend's products
-  /// convert fp16 weights in registers); others are given fp16 matrices as
-  /// float32.
-  virtual bool multiplies_fp16() const { return false; }
   virtual Matrix quantized_matrix(const std::vector<at::Tensor>& parts,
                                   const std::vector<kernels::QuantType>& types, int64_t n, int64_t k) const;
   /// Norm weights and biases: fp32, contiguous, on the device.

@@ -1,5 +1,8 @@
 """``python -m ssd.bench decode``: batch-1 decode tok/s of ssd beside transformers, and the bandwidth bound.
 
+``--engines ... llamacpp`` adds llama.cpp (its own llama-bench, decode and
+prefill, on GGUF files of each dtype; ``ssd.bench.llamacpp``).
+
 Model: SmolLM2-135M-Instruct from its Q4_1 GGUF (``ssd.assets.smollm2_gguf_path()``),
 dequantised by both loaders to float32 (and bfloat16 as an extra row); ssd
 alone also runs it quantized: ``q8_0`` / ``q4_0`` (quantized at load) and
