@@ -32,6 +32,18 @@ def matrix_names(state, tied):
     return names
 
 
+def assert_computes_the_dequantised_model(native, reference, max_bytes_ratio):
+    """fp32 activations: bitwise the float32 load's logits; int8 ones: within 2 %;
+    and the engine holds at most max_bytes_ratio of the float32 model's weight bytes."""
+    want = reference.logits(IDS)
+    assert torch.equal(native.logits(IDS, int8_activations=False), want)
+    # int8 activations: another product, within their quantization error.
+    error = ((native.logits(IDS) - want).abs().max() / want.abs().max()).item()
+    assert 0 < error < 0.02, error
+    ratio = native.core_model().weight_bytes / reference.core_model().weight_bytes
+    assert ratio < max_bytes_ratio, ratio
+
+
 def tiny_gguf(path, arch, tied, types_of, **overrides):
     """A tiny GGUF whose matrices have the ggml types types_of(name) gives (None: F32)."""
     config = tiny_hf_config(arch, tie_word_embeddings=tied, **overrides)
@@ -50,15 +62,8 @@ def test_blocks_compute_the_dequantised_model(tmp_path, arch, tied, fmt):
     assert set(native.formats.values()) == {fmt}
     for name in native.formats:
         assert native.weights[name].dtype == torch.uint8, name
-    want = reference.logits(IDS)
-    assert torch.equal(native.logits(IDS, int8_activations=False), want)
-    # int8 activations: another product, within their quantization error.
-    fast = native.logits(IDS)
-    error = ((fast - want).abs().max() / want.abs().max()).item()
-    assert 0 < error < 0.02, error
     # The blocks are what the engine holds: far fewer bytes than fp32.
-    ratio = native.core_model().weight_bytes / reference.core_model().weight_bytes
-    assert ratio < (0.35 if fmt == "q8_0" else 0.25), ratio
+    assert_computes_the_dequantised_model(native, reference, 0.35 if fmt == "q8_0" else 0.25)
 
 
 def test_mixed_formats_and_other_types(tmp_path, caplog):
@@ -116,13 +121,7 @@ def test_k_quant_mix_computes_the_dequantised_model(tmp_path, arch, tied):
     reference = load(path, dtype="float32")
     assert set(native.formats.values()) == {"q4_k", "q5_k", "q6_k"}
     assert native.formats["model.layers.1.self_attn.v_proj.weight"] == "q6_k"
-    want = reference.logits(IDS)
-    assert torch.equal(native.logits(IDS, int8_activations=False), want)
-    fast = native.logits(IDS)
-    error = ((fast - want).abs().max() / want.abs().max()).item()
-    assert 0 < error < 0.02, error
-    ratio = native.core_model().weight_bytes / reference.core_model().weight_bytes
-    assert ratio < 0.3, ratio  # 6 to 8 bits per weight held
+    assert_computes_the_dequantised_model(native, reference, 0.3)  # 6 to 8 bits per weight held
 
 
 def test_quantizing_at_load_equals_the_files_blocks(tmp_path):

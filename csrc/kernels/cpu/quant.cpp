@@ -43,21 +43,6 @@ void k_scale_min(const uint8_t* scales, int64_t s, int& sc, int& mn) {
   }
 }
 
-// The 16 nibble bytes of a 32-weight block (q_t low, q_{t+16} high) -> q.
-void nibbles(const uint8_t* qs, QuantSub& out) {
-  for (int64_t t = 0; t < 16; ++t) {
-    out.q[t] = qs[t] & 0x0f;
-    out.q[t + 16] = qs[t] >> 4;
-  }
-}
-
-// The 5th bits of a 32-weight block, bit t of a little-endian uint32 for q_t.
-void high_bits(const uint8_t* qh, QuantSub& out) {
-  uint32_t bits;
-  std::memcpy(&bits, qh, 4);
-  for (int64_t t = 0; t < kQuantBlock; ++t) out.q[t] |= static_cast<int32_t>((bits >> t) & 1u) << 4;
-}
-
 void same_halves(float d, float m, QuantSub& out) {
   out.d[0] = out.d[1] = d;
   out.m[0] = out.m[1] = m;
@@ -72,15 +57,15 @@ void gguf_sub(QuantType type, const uint8_t* row, int64_t b, QuantSub& out) {
     case QuantType::q8_0:
       for (int64_t t = 0; t < kQuantBlock; ++t) out.q[t] = static_cast<int8_t>(block[2 + t]);
       return same_halves(half_at(block), 0.0f, out);
-    case QuantType::q4_0: nibbles(block + 2, out); return same_halves(half_at(block), -8.0f * half_at(block), out);
-    case QuantType::q4_1: nibbles(block + 4, out); return same_halves(half_at(block), half_at(block + 2), out);
+    case QuantType::q4_0: quant_read_nibbles(block + 2, out); return same_halves(half_at(block), -8.0f * half_at(block), out);
+    case QuantType::q4_1: quant_read_nibbles(block + 4, out); return same_halves(half_at(block), half_at(block + 2), out);
     case QuantType::q5_0:
-      nibbles(block + 6, out);
-      high_bits(block + 2, out);
+      quant_read_nibbles(block + 6, out);
+      quant_read_high_bits(block + 2, out);
       return same_halves(half_at(block), -16.0f * half_at(block), out);
     case QuantType::q5_1:
-      nibbles(block + 8, out);
-      high_bits(block + 4, out);
+      quant_read_nibbles(block + 8, out);
+      quant_read_high_bits(block + 4, out);
       return same_halves(half_at(block), half_at(block + 2), out);
     case QuantType::q4_k:
     case QuantType::q5_k: {

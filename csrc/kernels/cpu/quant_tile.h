@@ -24,6 +24,22 @@ inline float quant_f32_at(const uint8_t* p) {
   return v;
 }
 
+/// 16 nibble bytes (q_t low, q_{t+16} high; GGUF's and the tiles' order) -> q.
+inline void quant_read_nibbles(const uint8_t* qs, QuantSub& s) {
+  for (int64_t t = 0; t < 16; ++t) {
+    s.q[t] = qs[t] & 0x0f;
+    s.q[t + 16] = qs[t] >> 4;
+  }
+}
+
+/// The 5th bits, bit t of a little-endian uint32 for q_t (GGUF's q5_0 / q5_1
+/// and the q5 tiles), added to q.
+inline void quant_read_high_bits(const uint8_t* qh, QuantSub& s) {
+  uint32_t bits;
+  std::memcpy(&bits, qh, 4);
+  for (int64_t t = 0; t < kQuantBlock; ++t) s.q[t] |= static_cast<int32_t>((bits >> t) & 1u) << 4;
+}
+
 /// Weight t of a sub-block as the products use it: d q (q8_0) or fma(q, d, m).
 inline float quant_value(QuantType tile, const QuantSub& s, int64_t t) {
   const int64_t h = t / 16;
@@ -38,15 +54,10 @@ inline void quant_tile_read(QuantType tile, const uint8_t* block, int64_t j, Qua
   if (tile == QuantType::q8_0) {
     for (int64_t t = 0; t < kQuantBlock; ++t) s.q[t] = static_cast<int8_t>(q[t]);
   } else {
-    for (int64_t t = 0; t < 16; ++t) {
-      s.q[t] = q[t] & 0x0f;
-      s.q[t + 16] = q[t] >> 4;
-    }
+    quant_read_nibbles(q, s);
   }
   if (tile == QuantType::q5_0 || tile == QuantType::q5_1) {
-    uint32_t bits;
-    std::memcpy(&bits, high, 4);
-    for (int64_t t = 0; t < kQuantBlock; ++t) s.q[t] |= static_cast<int32_t>((bits >> t) & 1u) << 4;
+    quant_read_high_bits(high, s);
   } else if (tile == QuantType::q6_k) {
     for (int64_t t = 0; t < kQuantBlock; ++t) s.q[t] |= ((high[t % 8] >> (2 * (t / 8))) & 3) << 4;
   }
