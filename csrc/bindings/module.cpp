@@ -391,7 +391,7 @@ void bind_models(py::module_& m) {
   m.def("device_problem", &model::device_problem, py::arg("device"),
         "'' when the device string names a usable device, else why not.");
   m.def("cpu_isa", [] { return std::string(kernels::isa_name(kernels::active_isa())); },
-        "The instruction set the CPU kernels run on now: 'avx512', 'avx2' or 'portable'.");
+        "The instruction set the CPU kernels run on now: 'avx512_vnni', 'avx512', 'avx2' or 'portable'.");
   m.def("cpu_isas",
         [] {
           std::vector<std::string> names;

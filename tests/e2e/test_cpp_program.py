@@ -401,7 +401,7 @@ def test_help_exits_0(program):
 # or template emitted out of line, say std::vector<float>'s) is a weak copy the linker may keep for
 # the whole library, and would run AVX instructions on a CPU without them.
 ISA_OBJECT_DIRS = {"ssd_kernels_isa1.dir": "avx2", "ssd_kernels_isa2.dir": "avx512",
-                   "ssd_kernels_avx512_bf16.dir": "avx512_bf16"}
+                   "ssd_kernels_avx512_bf16.dir": "avx512_bf16", "ssd_kernels_avx512_vnni.dir": "avx512_vnni"}
 
 
 def test_instruction_set_objects_define_only_their_own_symbols(program):

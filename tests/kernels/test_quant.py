@@ -115,7 +115,7 @@ def test_random_blocks_multiply_as_their_dequantisation(fmt):
 def test_every_instruction_set_gives_the_same_bits(fmt):
     k = 512 if fmt in K_QUANTS else 320
     blocks, dense = quantized(37, k, fmt, seed=5)
-    x = torch.randn(9, k)
+    x = torch.randn(19, k)
     previous = _C.cpu_isa()
     try:
         _C.set_cpu_isa("portable")
@@ -124,7 +124,8 @@ def test_every_instruction_set_gives_the_same_bits(fmt):
             _C.set_cpu_isa(isa)
             got, _ = _C.testing.quant_linear(x, blocks, fmt, k, None, 2)
             assert torch.equal(got, want), isa
-            for rows in ([4], [8, 1, 2], [5, 6, 7, 0]):  # and batch invariant on each path
+            # and batch invariant on each path (groups of 1 to 8 rows, and more)
+            for rows in ([4], [8, 1, 2], [5, 6, 7, 0], list(range(8)), list(range(18, 1, -1))):
                 part, _ = _C.testing.quant_linear(x[rows], blocks, fmt, k, None, 1)
                 assert torch.equal(part, want[rows]), (isa, rows)
     finally:
@@ -210,7 +211,8 @@ def test_int8_product_is_its_definition_and_batch_invariant(fmt, n, k):
 def test_int8_product_gives_the_same_bits_on_every_instruction_set(fmt):
     k = 512 if fmt in K_QUANTS else 320
     blocks, _ = random_blocks(37, k, fmt, seed=6)  # every quant value, extreme scales
-    x = torch.randn(9, k)
+    x = torch.randn(19, k)
+    x[3] = torch.where(torch.arange(k) % 3 == 0, -1.0, 1.0)  # every activation at q = +-127
     bias = torch.randn(37)
     previous = _C.cpu_isa()
     try:
@@ -220,7 +222,8 @@ def test_int8_product_gives_the_same_bits_on_every_instruction_set(fmt):
             _C.set_cpu_isa(isa)
             got, _ = _C.testing.quant_linear(x, blocks, fmt, k, bias, 2, True)
             assert torch.equal(got, want), isa
-            for rows in ([4], [8, 1, 2], [5, 6, 7, 0]):  # and batch invariant on each path
+            # and batch invariant on each path (groups of 1 to 8 rows, and more)
+            for rows in ([4], [8, 1, 2], [5, 6, 7, 0], list(range(8)), list(range(18, 1, -1))):
                 part, _ = _C.testing.quant_linear(x[rows], blocks, fmt, k, bias, 1, True)
                 assert torch.equal(part, want[rows]), (isa, rows)
     finally:

@@ -16,6 +16,7 @@ bool detect(Isa isa) {
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
              __builtin_cpu_supports("fma");
+    case Isa::avx512_vnni: return detect(Isa::avx512) && __builtin_cpu_supports("avx512vnni");
     case Isa::avx2:  // F16C: half weights (every AVX2 CPU has it)
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     default: return true;
@@ -27,12 +28,12 @@ bool detect(Isa isa) {
 
 // Asked once: the pair kernels' check runs on every draft product.
 bool cpu_has(Isa isa) {
-  static const bool has[3] = {true, detect(Isa::avx2), detect(Isa::avx512)};
+  static const bool has[4] = {true, detect(Isa::avx2), detect(Isa::avx512), detect(Isa::avx512_vnni)};
   return has[static_cast<int>(isa)];
 }
 
 Isa best_isa() {
-  for (Isa isa : {Isa::avx512, Isa::avx2})
+  for (Isa isa : {Isa::avx512_vnni, Isa::avx512, Isa::avx2})
     if (cpu_has(isa)) return isa;
   return Isa::portable;
 }
@@ -47,6 +48,7 @@ std::atomic<Isa>& chosen() {
 const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::avx512: return "avx512";
+    case Isa::avx512_vnni: return "avx512_vnni";
     case Isa::avx2: return "avx2";
     default: return "portable";
   }
@@ -54,7 +56,7 @@ const char* isa_name(Isa isa) {
 
 std::vector<Isa> supported_isas() {
   std::vector<Isa> out;
-  for (Isa isa : {Isa::portable, Isa::avx2, Isa::avx512})
+  for (Isa isa : {Isa::portable, Isa::avx2, Isa::avx512, Isa::avx512_vnni})
     if (cpu_has(isa)) out.push_back(isa);
   return out;
 }
@@ -70,10 +72,10 @@ void set_isa(const std::string& name) {
     }
     names += std::string(names.empty() ? "" : ", ") + isa_name(isa);
   }
-  for (Isa isa : {Isa::portable, Isa::avx2, Isa::avx512})
+  for (Isa isa : {Isa::portable, Isa::avx2, Isa::avx512, Isa::avx512_vnni})
     if (name == isa_name(isa))
       throw std::invalid_argument("cpu_isa '" + name + "': this CPU cannot run it (it runs: " + names + ")");
-  throw std::invalid_argument("cpu_isa '" + name + "' is not one of portable, avx2, avx512 (this CPU runs: " + names +
+  throw std::invalid_argument("cpu_isa '" + name + "' is not one of portable, avx2, avx512, avx512_vnni (this CPU runs: " + names +
                               ")");
 }
 

@@ -6,7 +6,9 @@
 // operation order per output element, vec.h), so a forward may switch between
 // them and a model's outputs do not depend on the choice. (The draft's bf16
 // pair kernels are another matter: they run where the CPU has AVX512-BF16,
-// whatever the choice; linear.h.)
+// whatever the choice; linear.h.) avx512_vnni is avx512 with one kernel of
+// its own: the int8-activation quantized product on vpdpbusd (quant.h),
+// bitwise the others'.
 #pragma once
 
 #include <cstdint>
@@ -23,9 +25,9 @@
 
 namespace ssd::kernels {
 
-enum class Isa : int { portable = 0, avx2 = 1, avx512 = 2 };
+enum class Isa : int { portable = 0, avx2 = 1, avx512 = 2, avx512_vnni = 3 };
 
-/// "portable", "avx2" or "avx512".
+/// "portable", "avx2", "avx512" or "avx512_vnni".
 const char* isa_name(Isa isa);
 /// The instruction sets this CPU (and build) can run, portable first.
 std::vector<Isa> supported_isas();
@@ -47,13 +49,19 @@ namespace avx2 {
 namespace avx512 {
 #include "isa/entry_points.inc"
 }
+namespace avx512_vnni {  // isa/quant_vnni.cpp
+void linear_quant_i8(QuantType type, const QuantizedRows& x, const uint8_t* wp, const float* bias, float* y,
+                     int64_t ldy, int64_t m, int64_t n, ThreadPool& pool);
+}
 
 }  // namespace ssd::kernels
 
-/// `return <isa>::CALL;` for the active instruction set.
+/// `return <isa>::CALL;` for the active instruction set (avx512's copy for
+/// avx512_vnni).
 #if defined(SSD_X86_ISAS)
 #define SSD_ON_ACTIVE_ISA(...)                                                    \
   switch (::ssd::kernels::active_isa()) {                                         \
+    case ::ssd::kernels::Isa::avx512_vnni:                                        \
     case ::ssd::kernels::Isa::avx512: return ::ssd::kernels::avx512::__VA_ARGS__; \
     case ::ssd::kernels::Isa::avx2: return ::ssd::kernels::avx2::__VA_ARGS__;     \
     default: return ::ssd::kernels::portable::__VA_ARGS__;                        \

@@ -251,6 +251,10 @@ void linear_quant_i8(QuantType type, const float* x, int64_t ldx, const uint8_t*
   scales.resize(static_cast<size_t>(2 * m * blocks));
   quantize_rows(x, ldx, m, k, q.data(), scales.data(), scales.data() + m * blocks, pool);
   const QuantizedRows rows{q.data(), scales.data(), scales.data() + m * blocks, k};
+#if defined(SSD_X86_ISAS)
+  if (active_isa() == Isa::avx512_vnni)
+    return avx512_vnni::linear_quant_i8(quant_tile_type(type), rows, wp, bias, y, ldy, m, n, pool);
+#endif
   SSD_ON_ACTIVE_ISA(linear_quant_i8(quant_tile_type(type), rows, wp, bias, y, ldy, m, n, pool))
 }
 

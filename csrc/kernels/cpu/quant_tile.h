@@ -6,10 +6,28 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "quant.h"
 
 namespace ssd::kernels {
+
+/// fn(std::integral_constant<QuantType, T>{}) for the tile format T == tile
+/// (one of the six; any other: nothing): the products' one dispatch from a
+/// run-time format to their per-format code.
+template <typename Fn>
+inline void on_tile_type(QuantType tile, Fn&& fn) {
+  using T = QuantType;
+  switch (tile) {
+    case T::q8_0: return fn(std::integral_constant<T, T::q8_0>{});
+    case T::q4_0: return fn(std::integral_constant<T, T::q4_0>{});
+    case T::q4_1: return fn(std::integral_constant<T, T::q4_1>{});
+    case T::q5_0: return fn(std::integral_constant<T, T::q5_0>{});
+    case T::q5_1: return fn(std::integral_constant<T, T::q5_1>{});
+    case T::q6_k: return fn(std::integral_constant<T, T::q6_k>{});
+    default: return;
+  }
+}
 
 /// A sub-block: q (unsigned but for q8_0), and d, m per half of 16 weights.
 struct QuantSub {

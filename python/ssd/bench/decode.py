@@ -80,8 +80,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--llamacpp-bin", default=None, metavar="DIR",
                     help="folder with llama.cpp's llama-bench and llama-quantize (default: where llama-bench "
                          "is on PATH); see ssd.bench.llamacpp")
-    ap.add_argument("--cpu-isas", nargs="+", choices=("avx512", "avx2", "portable"), default=None, metavar="ISA",
-                    help="run ssd's CPU kernels on each of these instruction sets (avx512, avx2, portable; "
+    ap.add_argument("--cpu-isas", nargs="+", choices=("avx512_vnni", "avx512", "avx2", "portable"), default=None,
+                    metavar="ISA", help="run ssd's CPU kernels on each of these instruction sets (avx512_vnni, "
+                    "avx512, avx2, portable; "
                          "default: the best this CPU has), one row each")
     ap.add_argument("--max-tokens", type=int, default=None, help="new tokens per generation (default 64; --quick 16)")
     ap.add_argument("--repeats", type=int, default=None, help="timed generations per config (default 3; --quick 1)")

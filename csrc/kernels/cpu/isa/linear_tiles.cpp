@@ -175,15 +175,7 @@ void linear(const float* x, int64_t ldx, const WT* wp, const float* bias, float*
 
 void linear_quant(QuantType type, const float* x, int64_t ldx, const uint8_t* wp, const float* bias, float* y,
                   int64_t ldy, int64_t m, int64_t n, int64_t k, ThreadPool& pool) {
-  switch (type) {
-    case QuantType::q8_0: return quant_linear<QuantType::q8_0>(x, ldx, wp, bias, y, ldy, m, n, k, pool);
-    case QuantType::q4_0: return quant_linear<QuantType::q4_0>(x, ldx, wp, bias, y, ldy, m, n, k, pool);
-    case QuantType::q4_1: return quant_linear<QuantType::q4_1>(x, ldx, wp, bias, y, ldy, m, n, k, pool);
-    case QuantType::q5_0: return quant_linear<QuantType::q5_0>(x, ldx, wp, bias, y, ldy, m, n, k, pool);
-    case QuantType::q5_1: return quant_linear<QuantType::q5_1>(x, ldx, wp, bias, y, ldy, m, n, k, pool);
-    case QuantType::q6_k: return quant_linear<QuantType::q6_k>(x, ldx, wp, bias, y, ldy, m, n, k, pool);
-    default: return;
-  }
+  on_tile_type(type, [&](auto t) { quant_linear<decltype(t)::value>(x, ldx, wp, bias, y, ldy, m, n, k, pool); });
 }
 
 template void linear<float>(const float*, int64_t, const float*, const float*, float*, int64_t, int64_t, int64_t,

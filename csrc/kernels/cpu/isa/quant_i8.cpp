@@ -206,15 +206,7 @@ void product_i8(const QuantizedRows& x, const uint8_t* wp, const float* bias, fl
 
 void linear_quant_i8(QuantType type, const QuantizedRows& x, const uint8_t* wp, const float* bias, float* y,
                      int64_t ldy, int64_t m, int64_t n, ThreadPool& pool) {
-  switch (type) {
-    case QuantType::q8_0: return product_i8<QuantType::q8_0>(x, wp, bias, y, ldy, m, n, pool);
-    case QuantType::q4_0: return product_i8<QuantType::q4_0>(x, wp, bias, y, ldy, m, n, pool);
-    case QuantType::q4_1: return product_i8<QuantType::q4_1>(x, wp, bias, y, ldy, m, n, pool);
-    case QuantType::q5_0: return product_i8<QuantType::q5_0>(x, wp, bias, y, ldy, m, n, pool);
-    case QuantType::q5_1: return product_i8<QuantType::q5_1>(x, wp, bias, y, ldy, m, n, pool);
-    case QuantType::q6_k: return product_i8<QuantType::q6_k>(x, wp, bias, y, ldy, m, n, pool);
-    default: return;
-  }
+  on_tile_type(type, [&](auto t) { product_i8<decltype(t)::value>(x, wp, bias, y, ldy, m, n, pool); });
 }
 
 }  // namespace ssd::kernels::SSD_ISA
