@@ -44,6 +44,8 @@ KERNEL_BENCHES = {
     "bench_verify.py": ("[--json FILE] [--repeats N]", "verify (rejection sampling)"),
     "bench_gumbel_sample.py": ("[--json FILE]", "gumbel_sample and gumbel_top (the Gumbel coupling's draw, the tree's ranking)"),
     "bench_kv_commit.py": ("[--json FILE]", "kv_commit: time and bytes moved"),
+    "bench_forward_rows.py": ("[--dtypes ...] [--cpu-isas ...] [--threads N] [--json FILE]",
+                              "one forward of m new rows per dtype and instruction set (verify and prefill cost)"),
 }
 
 
