@@ -183,8 +183,11 @@ def write_decode_plot(path: Path, rows: list[dict], meta: dict, machine: dict) -
     engines = sorted({engine_label(r) for r in rows}, key=lambda e: (ENGINES.index(e.split()[0]), e))
     by_key = {(engine_label(r), r["dtype"], r["threads"]): r for r in rows}
     width = 0.8 / len(engines)
-    palette = ["#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e"]
-    colors = {e: "#ff7f0e" if e == "transformers" else palette[j % 3] for j, e in enumerate(engines)}
+    # the peers keep one color each; ssd's rows (one per instruction set) take the others in turn
+    peers = {"transformers": "#ff7f0e", "llamacpp": "#8c564b"}
+    palette = ["#1f77b4", "#2ca02c", "#9467bd", "#17becf", "#e377c2"]
+    own = [e for e in engines if e not in peers]
+    colors = {e: peers.get(e) or palette[own.index(e) % len(palette)] for e in engines}
     fig, ax = plt.subplots(figsize=(3.6 + 2.0 * len(groups), 4.5))
     for j, engine in enumerate(engines):
         xs, heights, errs = [], [], [[], []]
