@@ -15,6 +15,7 @@
 #include "../model/model.h"
 #include "../model/runner.h"
 #include "checkpoint_glue.h"
+#include "collective_glue.h"
 #include "ssd/engine.h"
 #include "ssd/log.h"
 #include "ssd/speed_model.h"
@@ -367,8 +368,10 @@ void bind_models(py::module_& m) {
   py::class_<model::Model, std::shared_ptr<model::Model>>(m, "Model")
       .def(py::init([](const py::dict& config, const py::dict& weights, const std::string& device,
                        const std::string& backend, bool batch_invariant,
-                       const std::map<std::string, std::string>& formats, bool int8_activations) {
-             model::ModelPlacement placement{device, backend, model::BackendOptions{batch_invariant, int8_activations}};
+                       const std::map<std::string, std::string>& formats, bool int8_activations,
+                       const py::object& tensor_parallel) {
+             model::ModelPlacement placement{device, backend, model::BackendOptions{batch_invariant, int8_activations},
+                                             bindings::tensor_parallel_from(tensor_parallel)};
              model::FormatMap format_map;
              for (const auto& [name, format] : formats) format_map.emplace(name, kernels::quant_type(format));
              return std::make_shared<model::Model>(model_config_from(config), weight_map_from(weights), placement,
@@ -376,10 +379,15 @@ void bind_models(py::module_& m) {
            }),
            py::arg("config"), py::arg("weights"), py::arg("device") = "cpu", py::arg("backend") = "auto",
            py::arg("batch_invariant") = true, py::arg("formats") = std::map<std::string, std::string>{},
-           py::arg("int8_activations") = true,
+           py::arg("int8_activations") = true, py::arg("tensor_parallel") = py::none(),
            "weights: HF name -> tensor; formats: name -> GGUF block format (q8_0, q4_0, q4_1) of the weights "
            "passed as uint8 GGUF rows [n, row bytes]; int8_activations: those matrices multiply int8 "
-           "activations (else fp32 ones: exactly the dequantised model).")
+           "activations (else fp32 ones: exactly the dequantised model); tensor_parallel: None, or (rank, size, "
+           "all_gather) to hold that rank's shard (model/tensor_parallel.h; ssd.distributed).")
+      .def_property_readonly("collective_calls", &model::Model::collective_calls,
+                             "Tensor-parallel all-gathers so far (two per layer and forward).")
+      .def_property_readonly("collective_seconds", &model::Model::collective_seconds,
+                             "Seconds spent in them, summing included.")
       .def_property_readonly("vocab_size", [](const model::Model& m) { return m.config().vocab_size; })
       .def_property_readonly("bf16", &model::Model::bf16)
       .def_property_readonly("weight_bytes", &model::Model::weight_bytes,

@@ -25,7 +25,7 @@ namespace {
 class RawForward {
  public:
   RawForward(std::shared_ptr<model::Model> model, int64_t num_blocks, int64_t block_size)
-      : model_(std::move(model)), cache_(model_->config(), num_blocks, block_size, model_->backend()), pool_(1) {}
+      : model_(std::move(model)), cache_(model_->shard_config(), num_blocks, block_size, model_->backend()), pool_(1) {}
 
   /// One forward: tokens, positions, seq_of_token [T]; block_tables
   /// [num_seqs][max_blocks], every row the same length, written as given

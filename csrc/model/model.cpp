@@ -30,6 +30,27 @@ at::Tensor checked(const WeightMap& w, const std::string& name, at::IntArrayRef 
   return t;
 }
 
+// Rows `rows` and columns `cols` of a [n, k] weight, dense or GGUF rows of
+// `type` (whose column share must hold whole blocks). The whole weight is
+// returned as it is (a view of the file stays one).
+at::Tensor slice_weight(const at::Tensor& t, const std::string& name, kernels::QuantType type, int64_t n, int64_t k,
+                        Share rows, Share cols) {
+  if (rows.begin == 0 && rows.count == n && cols.begin == 0 && cols.count == k) return t;
+  at::Tensor part = t.narrow(0, rows.begin, rows.count);
+  if (type == kernels::QuantType::none) return part.narrow(1, cols.begin, cols.count).contiguous();
+  const int64_t block = kernels::gguf_block_weights(type), bytes = kernels::gguf_block_bytes(type);
+  if (cols.begin % block != 0 || cols.count % block != 0)
+    throw std::invalid_argument("weight '" + name + "' in " + kernels::quant_name(type) +
+                                " cannot be split between tensor-parallel ranks at columns " +
+                                std::to_string(cols.begin) + ".." + std::to_string(cols.begin + cols.count) +
+                                ": its blocks hold " + std::to_string(block) + " weights");
+  return part.narrow(1, cols.begin / block * bytes, cols.count / block * bytes).contiguous();
+}
+
+at::Tensor slice_vector(const at::Tensor& t, Share s) {
+  return s.begin == 0 && s.count == t.size(0) ? t : t.narrow(0, s.begin, s.count);
+}
+
 }  // namespace
 
 std::vector<float> rope_inv_freq(const ModelConfig& c) {
@@ -57,18 +78,17 @@ std::vector<float> rope_inv_freq(const ModelConfig& c) {
   return inv;
 }
 
-Matrix Model::load_matrix(const WeightMap& w, const FormatMap& formats,
-                          const std::vector<std::pair<std::string, int64_t>>& parts, int64_t k,
-                          at::ScalarType dtype) const {
+Matrix Model::load_matrix(const WeightMap& w, const FormatMap& formats, const std::vector<Part>& parts, int64_t k,
+                          Share cols, at::ScalarType dtype) const {
   const Backend& be = *backend_;
   std::vector<at::Tensor> tensors;
   std::vector<kernels::QuantType> types;
   int64_t n = 0;
-  for (const auto& [name, rows] : parts) {
+  for (const auto& [name, rows, take] : parts) {
     const auto it = formats.find(name);
     const kernels::QuantType type = it == formats.end() ? kernels::QuantType::none : it->second;
     if (type == kernels::QuantType::none) {
-      tensors.push_back(checked(w, name, {rows, k}));
+      tensors.push_back(slice_weight(checked(w, name, {rows, k}), name, type, rows, k, take, cols));
     } else {
       const int64_t row_bytes = kernels::gguf_row_bytes(type, k);
       const at::Tensor& t = fetch(w, name);
@@ -76,11 +96,12 @@ Matrix Model::load_matrix(const WeightMap& w, const FormatMap& formats,
         throw std::invalid_argument("weight '" + name + "' in " + kernels::quant_name(type) +
                                     " must be uint8 GGUF rows [" + std::to_string(rows) + "," +
                                     std::to_string(row_bytes) + "]");
-      tensors.push_back(t);
+      tensors.push_back(slice_weight(t, name, type, rows, k, take, cols));
     }
     types.push_back(type);
-    n += rows;
+    n += take.count;
   }
+  k = cols.count;
   const bool all_quantized =
       std::none_of(types.begin(), types.end(), [](auto t) { return t == kernels::QuantType::none; });
   if (all_quantized) {
@@ -100,8 +121,13 @@ Matrix Model::load_matrix(const WeightMap& w, const FormatMap& formats,
 
 Model::Model(const ModelConfig& config, const WeightMap& w, const ModelPlacement& placement,
              const FormatMap& formats)
-    : config_(config), int8_activations_(placement.options.int8_activations) {
+    : config_(config),
+      row_sum_(placement.tensor_parallel),
+      row_bias_(placement.tensor_parallel.rank == 0),
+      int8_activations_(placement.options.int8_activations) {
   config_.validate();
+  shard_ = shard_layout(config_, placement.tensor_parallel);
+  shard_config_ = ssd::model::shard_config(config_, shard_);
   backend_ = make_backend(placement.device, placement.backend, placement.options);
   const Backend& be = *backend_;
   const auto& c = config_;
@@ -118,42 +144,50 @@ Model::Model(const ModelConfig& config, const WeightMap& w, const ModelPlacement
   if (embed_format == formats.end()) {
     embed_ = be.embedding(fetch(w, embed_name), dt);
   } else {  // one quantized copy for the lookup and, when tied, the logits
-    Matrix table = load_matrix(w, formats, {{embed_name, c.vocab_size}}, h, dt);
+    Matrix table = load_matrix(w, formats, embed_name, c.vocab_size, h, dt);
     if (table.quant != kernels::QuantType::none) embed_rows_ = table;
     else embed_ = be.embedding(dequantized(fetch(w, embed_name), embed_format->second, h), dt);
     if (c.tie_word_embeddings) lm_head_ = table;
   }
   final_norm_ = be.vector(checked(w, "model.norm.weight", {c.hidden_size}));
   if (!lm_head_.data.defined())
-    lm_head_ = load_matrix(w, formats, {{c.tie_word_embeddings ? embed_name : "lm_head.weight", c.vocab_size}}, h, dt);
-  const int64_t q_out = c.num_heads * d, kv_out = c.num_kv_heads * d;
+    lm_head_ = load_matrix(w, formats, c.tie_word_embeddings ? embed_name : "lm_head.weight", c.vocab_size, h, dt);
+  const int64_t q_out = c.num_heads * d, kv_out = c.num_kv_heads * d, f = c.intermediate_size;
+  // This rank's rows of q / k / v (columns of o) and of gate / up (columns of down).
+  const Share q_take{shard_.q_heads.begin * d, shard_.q_heads.count * d};
+  const Share kv_take{shard_.kv_heads.begin * d, shard_.kv_heads.count * d};
+  const Share f_take = shard_.intermediate;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     Layer l;
     l.attn_norm = be.vector(checked(w, p + "input_layernorm.weight", {h}));
     l.qkv = load_matrix(w, formats,
-                        {{p + "self_attn.q_proj.weight", q_out},
-                         {p + "self_attn.k_proj.weight", kv_out},
-                         {p + "self_attn.v_proj.weight", kv_out}},
-                        h, dt);
-    l.o = load_matrix(w, formats, {{p + "self_attn.o_proj.weight", h}}, q_out, dt);
+                        {{p + "self_attn.q_proj.weight", q_out, q_take},
+                         {p + "self_attn.k_proj.weight", kv_out, kv_take},
+                         {p + "self_attn.v_proj.weight", kv_out, kv_take}},
+                        h, {0, h}, dt);
+    l.o = load_matrix(w, formats, {{p + "self_attn.o_proj.weight", h, {0, h}}}, q_out, q_take, dt);
     if (c.attention_bias || c.qkv_bias)
-      l.qkv_bias = be.vector(at::cat({checked(w, p + "self_attn.q_proj.bias", {q_out}),
-                                      checked(w, p + "self_attn.k_proj.bias", {kv_out}),
-                                      checked(w, p + "self_attn.v_proj.bias", {kv_out})}));
-    if (c.attention_bias) l.o_bias = be.vector(checked(w, p + "self_attn.o_proj.bias", {h}));
+      l.qkv_bias = be.vector(at::cat({slice_vector(checked(w, p + "self_attn.q_proj.bias", {q_out}), q_take),
+                                      slice_vector(checked(w, p + "self_attn.k_proj.bias", {kv_out}), kv_take),
+                                      slice_vector(checked(w, p + "self_attn.v_proj.bias", {kv_out}), kv_take)}));
+    if (c.attention_bias) {
+      const at::Tensor& bias = checked(w, p + "self_attn.o_proj.bias", {h});
+      if (row_bias_) l.o_bias = be.vector(bias);
+    }
     if (c.qk_norm) {
       l.q_norm = be.vector(checked(w, p + "self_attn.q_norm.weight", {d}));
       l.k_norm = be.vector(checked(w, p + "self_attn.k_norm.weight", {d}));
     }
     l.mlp_norm = be.vector(checked(w, p + "post_attention_layernorm.weight", {h}));
-    const int64_t f = c.intermediate_size;
-    l.gate_up = load_matrix(w, formats, {{p + "mlp.gate_proj.weight", f}, {p + "mlp.up_proj.weight", f}}, h, dt);
-    l.down = load_matrix(w, formats, {{p + "mlp.down_proj.weight", h}}, f, dt);
+    l.gate_up = load_matrix(w, formats, {{p + "mlp.gate_proj.weight", f, f_take}, {p + "mlp.up_proj.weight", f, f_take}},
+                            h, {0, h}, dt);
+    l.down = load_matrix(w, formats, {{p + "mlp.down_proj.weight", h, {0, h}}}, f, f_take, dt);
     if (c.mlp_bias) {
-      l.gate_up_bias = be.vector(at::cat({checked(w, p + "mlp.gate_proj.bias", {f}),
-                                          checked(w, p + "mlp.up_proj.bias", {f})}));
-      l.down_bias = be.vector(checked(w, p + "mlp.down_proj.bias", {h}));
+      l.gate_up_bias = be.vector(at::cat({slice_vector(checked(w, p + "mlp.gate_proj.bias", {f}), f_take),
+                                          slice_vector(checked(w, p + "mlp.up_proj.bias", {f}), f_take)}));
+      const at::Tensor& bias = checked(w, p + "mlp.down_proj.bias", {h});
+      if (row_bias_) l.down_bias = be.vector(bias);
     }
     layers_.push_back(std::move(l));
   }
@@ -237,7 +271,7 @@ void Model::check(const ForwardInput& in, const KvCache& cache) const {
 void Model::attention_block(const Layer& l, int64_t index, const DeviceBatch& b, KvCache& cache,
                             const at::Tensor& x, StepContext& ctx) const {
   const Backend& be = *backend_;
-  const auto& c = config_;
+  const auto& c = shard_config_;  // this rank's heads
   const int64_t t = x.size(0), d = c.head_dim;
   const int64_t q_out = c.num_heads * d, kv_out = c.num_kv_heads * d;
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -254,7 +288,7 @@ void Model::attention_block(const Layer& l, int64_t index, const DeviceBatch& b,
   be.rope_kv_write(q, k, v, inv_freq_, cache, index, b, ctx);
   const at::Tensor attn =
       be.paged_attention(q, cache, index, b, 1.0f / std::sqrt(static_cast<float>(d)), c.sliding_window, ctx);
-  be.add(x, be.linear(attn, l.o, l.o_bias, ctx));
+  be.add(x, row_sum_(be.linear(attn, l.o, l.o_bias, ctx)));
 }
 
 void Model::mlp_block(const Layer& l, const at::Tensor& x, StepContext& ctx) const {
@@ -262,7 +296,7 @@ void Model::mlp_block(const Layer& l, const at::Tensor& x, StepContext& ctx) con
   const at::Tensor normed = at::empty_like(x);
   be.rms_norm(x, l.mlp_norm, static_cast<float>(config_.rms_norm_eps), normed, ctx);
   const at::Tensor act = be.silu_mul(be.linear(normed, l.gate_up, l.gate_up_bias, ctx));
-  be.add(x, be.linear(act, l.down, l.down_bias, ctx));
+  be.add(x, row_sum_(be.linear(act, l.down, l.down_bias, ctx)));
 }
 
 at::Tensor Model::forward(const ForwardInput& in, KvCache& cache, kernels::ThreadPool& pool) const {

@@ -17,6 +17,7 @@
 #include "../kernels/cpu/thread_pool.h"
 #include "backend.h"
 #include "kv_cache.h"
+#include "tensor_parallel.h"
 #include "ssd/config.h"
 
 namespace ssd::model {
@@ -31,6 +32,9 @@ struct ModelPlacement {
   std::string device = "cpu";   ///< "cpu", "cuda" or "cuda:N"
   std::string backend = "auto"; ///< "auto" (the device's native backend) or "aten" (the reference)
   BackendOptions options;
+  /// This process's rank of a tensor-parallel group (tensor_parallel.h);
+  /// size 1: the whole model.
+  TensorParallel tensor_parallel;
 };
 
 class Model {
@@ -49,6 +53,12 @@ class Model {
         const FormatMap& formats = {});
 
   const ModelConfig& config() const { return config_; }
+  /// The config this rank computes (its heads and intermediate rows; config()
+  /// without tensor parallelism): what its KV cache holds.
+  const ModelConfig& shard_config() const { return shard_config_; }
+  /// The tensor-parallel sums so far: collective calls and their seconds.
+  int64_t collective_calls() const { return row_sum_.calls(); }
+  double collective_seconds() const { return row_sum_.seconds(); }
   bool bf16() const { return bf16_; }
   const Backend& backend() const { return *backend_; }
   /// Bytes the backend holds for the weights (one count per shared tensor).
@@ -71,15 +81,30 @@ class Model {
     Matrix qkv, o, gate_up, down;
   };
 
-  /// One weight matrix [sum of rows, k] from the named parts, fused in order.
-  Matrix load_matrix(const WeightMap& w, const FormatMap& formats,
-                     const std::vector<std::pair<std::string, int64_t>>& parts, int64_t k, at::ScalarType dtype) const;
+  /// A weight of `rows` rows of which this rank holds `take`.
+  struct Part {
+    std::string name;
+    int64_t rows;
+    Share take;
+  };
+  /// One weight matrix [sum of the parts' taken rows, cols.count] from the
+  /// named [rows, k] parts, fused in order.
+  Matrix load_matrix(const WeightMap& w, const FormatMap& formats, const std::vector<Part>& parts, int64_t k,
+                     Share cols, at::ScalarType dtype) const;
+  Matrix load_matrix(const WeightMap& w, const FormatMap& formats, const std::string& name, int64_t rows, int64_t k,
+                     at::ScalarType dtype) const {
+    return load_matrix(w, formats, {{name, rows, {0, rows}}}, k, {0, k}, dtype);
+  }
   void check(const ForwardInput& input, const KvCache& cache) const;
   void attention_block(const Layer& layer, int64_t index, const DeviceBatch& batch, KvCache& cache,
                        const at::Tensor& x, StepContext& ctx) const;
   void mlp_block(const Layer& layer, const at::Tensor& x, StepContext& ctx) const;
 
   ModelConfig config_;
+  ShardLayout shard_;
+  ModelConfig shard_config_;  ///< config_ with this rank's heads and intermediate rows
+  RowParallelSum row_sum_;
+  bool row_bias_ = true;  ///< rank 0 adds the row-parallel products' biases
   std::unique_ptr<Backend> backend_;
   bool int8_activations_ = true;  ///< BackendOptions::int8_activations
   bool bf16_ = false;

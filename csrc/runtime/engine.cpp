@@ -53,7 +53,7 @@ class Engine::Impl {
                                  << config_.kv_capacity_tokens << " tokens");
     vocab_ = model_->config().vocab_size;
     round_ = std::make_unique<runtime::TargetRound>(model_->backend(), vocab_, testing_, coupling_);
-    cache_ = std::make_unique<model::KvCache>(model_->config(), config_.num_kv_blocks(), config_.kv_block_size,
+    cache_ = std::make_unique<model::KvCache>(model_->shard_config(), config_.num_kv_blocks(), config_.kv_block_size,
                                             model_->backend());
     speculator_ = runtime::make_speculator(config_, testing_, std::move(draft));
     scheduler_ = std::make_unique<runtime::Scheduler>(config_, *cache_, speculator_ ? config_.k : 0);

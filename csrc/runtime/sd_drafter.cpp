@@ -12,7 +12,7 @@ namespace ssd::runtime {
 SdDrafter::SdDrafter(std::shared_ptr<model::Model> model, int64_t num_blocks, int64_t block_size,
                      int64_t threads, int64_t matmul_min_rows, bool gumbel)
     : model_(std::move(model)),
-      cache_(std::make_unique<model::KvCache>(model_->config(), num_blocks, block_size, model_->backend())),
+      cache_(std::make_unique<model::KvCache>(model_->shard_config(), num_blocks, block_size, model_->backend())),
       pool_(std::make_unique<kernels::ThreadPool>(threads)),
       matmul_min_rows_(matmul_min_rows),
       gumbel_(gumbel) {}

@@ -33,7 +33,7 @@ std::unique_ptr<model::KvCache> make_draft_kv(const EngineConfig& config, const 
   const int64_t per_branch = 1 + (config.k + bs - 1) / bs;
   const int64_t tree_blocks =
       testing.tree_blocks > 0 ? testing.tree_blocks : config.max_batch * max_budget(config) * per_branch;
-  return std::make_unique<model::KvCache>(model.config(), config.num_kv_blocks() + config.max_batch + tree_blocks,
+  return std::make_unique<model::KvCache>(model.shard_config(), config.num_kv_blocks() + config.max_batch + tree_blocks,
                                           bs, model.backend());
 }
 

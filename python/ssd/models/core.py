@@ -9,19 +9,22 @@ import torch
 
 def build_core_model(config, weights: dict[str, torch.Tensor], device: str = "cpu", backend: str = "auto",
                      batch_invariant: bool = True, formats: dict[str, str] | None = None,
-                     int8_activations: bool = True):
+                     int8_activations: bool = True, tensor_parallel=None):
     """Builds the C++ ``ssd._C.Model`` from a ModelConfig and HF-named weights,
     placed on ``device`` ("cpu", "cuda", "cuda:N") with ``backend`` ("auto" or
     "aten"; see ``LoadedModel.core_model``); ``formats`` names the weights
     held as GGUF blocks (``ssd.models.quantized``), multiplied with int8
-    activations or (``int8_activations=False``) fp32 ones.
+    activations or (``int8_activations=False``) fp32 ones. ``tensor_parallel``:
+    None, or ``(rank, size, all_gather)`` to build that rank's shard
+    (``ssd.distributed``).
 
     Raises ValueError naming a missing or mis-shaped tensor, or an unusable device.
     """
     from ssd import _C
 
     return _C.Model(config.to_dict(), weights, device=device, backend=backend, batch_invariant=batch_invariant,
-                    formats=formats or {}, int8_activations=int8_activations)
+                    formats=formats or {}, int8_activations=int8_activations,
+                    tensor_parallel=tensor_parallel)
 
 
 def sequence_logits(core_model, token_ids: list[int], block_size: int = 16, num_threads: int = 1) -> torch.Tensor:

@@ -51,7 +51,7 @@ class LoadedModel:
         return self.tokenizer
 
     def core_model(self, device: str = "cpu", backend: str = "auto", batch_invariant: bool = True,
-                   int8_activations: bool = True):
+                   int8_activations: bool = True, tensor_parallel=None):
         """The C++ model (``ssd._C.Model``) built from these weights, cached per placement.
 
         device: "cpu", "cuda" or "cuda:N". backend: "auto" (the device's own
@@ -59,11 +59,14 @@ class LoadedModel:
         False lets the cuda backend use stock cuBLAS products (faster; greedy sd
         is then not token-identical to ar). int8_activations: the matrices held
         in blocks (``formats``) multiply int8 activations (the default, faster)
-        or fp32 ones (exactly the model of the dequantised weights). Raises
+        or fp32 ones (exactly the model of the dequantised weights).
+        tensor_parallel: None, or ``(rank, size, all_gather)``: that rank's
+        shard of a tensor-parallel group (``ssd.distributed``). Raises
         ValueError naming a device this build or machine cannot use.
         """
         cores = self.__dict__.setdefault("_cores", {})
-        key = (device, backend, bool(batch_invariant), bool(int8_activations))
+        tp_key = None if tensor_parallel is None else (tensor_parallel[0], tensor_parallel[1], id(tensor_parallel[2]))
+        key = (device, backend, bool(batch_invariant), bool(int8_activations), tp_key)
         core = cores.get(key)
         if core is None:
             from .core import build_core_model
@@ -71,7 +74,7 @@ class LoadedModel:
             self.drop_vocab_padding()
             core = build_core_model(self.config, self.weights, device=device, backend=backend,
                                     batch_invariant=batch_invariant, formats=self.formats,
-                                    int8_activations=int8_activations)
+                                    int8_activations=int8_activations, tensor_parallel=tensor_parallel)
             cores[key] = core
         return core
 

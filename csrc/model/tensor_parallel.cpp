@@ -1,0 +1,63 @@
+#include "tensor_parallel.h"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <stdexcept>
+#include <string>
+
+namespace ssd::model {
+
+Share share_of(int64_t total, int64_t size, int64_t rank) {
+  const int64_t base = total / size, extra = total % size;
+  return {rank * base + std::min(rank, extra), base + (rank < extra ? 1 : 0)};
+}
+
+ShardLayout shard_layout(const ModelConfig& c, const TensorParallel& tp) {
+  if (tp.size < 1) throw std::invalid_argument("tensor_parallel_size must be >= 1, got " + std::to_string(tp.size));
+  if (tp.rank < 0 || tp.rank >= tp.size)
+    throw std::invalid_argument("tensor-parallel rank " + std::to_string(tp.rank) + " is outside a group of " +
+                                std::to_string(tp.size));
+  if (tp.size > 1 && !tp.collective)
+    throw std::invalid_argument("a tensor-parallel group of " + std::to_string(tp.size) + " needs a collective");
+  if (c.num_kv_heads < tp.size)
+    throw std::invalid_argument("tensor_parallel_size " + std::to_string(tp.size) + " is larger than the model's " +
+                                std::to_string(c.num_kv_heads) + " KV heads (each rank needs at least one)");
+  ShardLayout s;
+  s.kv_heads = share_of(c.num_kv_heads, tp.size, tp.rank);
+  const int64_t group = c.num_heads / c.num_kv_heads;
+  s.q_heads = {s.kv_heads.begin * group, s.kv_heads.count * group};
+  // In units of 256 columns of down_proj where they divide the size (so a
+  // k-quant's 256-weight blocks are not cut), else 32, else single rows.
+  const int64_t f = c.intermediate_size;
+  const int64_t unit = f % 256 == 0 && f / 256 >= tp.size ? 256 : f % 32 == 0 && f / 32 >= tp.size ? 32 : 1;
+  const Share units = share_of(f / unit, tp.size, tp.rank);
+  s.intermediate = {units.begin * unit, units.count * unit};
+  if (s.intermediate.count == 0)
+    throw std::invalid_argument("tensor_parallel_size " + std::to_string(tp.size) + " is larger than the model's " +
+                                "intermediate_size " + std::to_string(f));
+  return s;
+}
+
+ModelConfig shard_config(const ModelConfig& config, const ShardLayout& layout) {
+  ModelConfig c = config;
+  c.num_heads = layout.q_heads.count;
+  c.num_kv_heads = layout.kv_heads.count;
+  c.intermediate_size = layout.intermediate.count;
+  return c;
+}
+
+at::Tensor RowParallelSum::operator()(const at::Tensor& partial) const {
+  if (tp_.size == 1) return partial;
+  const auto start = std::chrono::steady_clock::now();
+  const at::Tensor parts = tp_.collective->all_gather(partial);
+  if (parts.dim() != partial.dim() + 1 || parts.size(0) != tp_.size || parts.sizes().slice(1) != partial.sizes())
+    throw std::runtime_error("tensor-parallel all_gather returned the wrong shape");
+  at::Tensor sum = parts[0].to(partial.device(), partial.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+  for (int64_t r = 1; r < tp_.size; ++r) sum.add_(parts[r].to(partial.device(), partial.scalar_type()));
+  ++calls_;
+  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return sum;
+}
+
+}  // namespace ssd::model
