@@ -383,7 +383,13 @@ void bind_models(py::module_& m) {
            "weights: HF name -> tensor; formats: name -> GGUF block format (q8_0, q4_0, q4_1) of the weights "
            "passed as uint8 GGUF rows [n, row bytes]; int8_activations: those matrices multiply int8 "
            "activations (else fp32 ones: exactly the dequantised model); tensor_parallel: None, or (rank, size, "
-           "all_gather) to hold that rank's shard (model/tensor_parallel.h; ssd.distributed).")
+           "all_gather, broadcast) to hold that rank's shard (model/tensor_parallel.h; ssd.distributed).")
+      .def("lead", &model::Model::lead, py::arg("on") = true,
+           "Rank 0 of a tensor-parallel group: each forward first sends its input to the ranks in follow().")
+      .def("follow", &model::Model::follow, py::arg("num_threads") = 1, py::call_guard<py::gil_scoped_release>(),
+           "Ranks 1..: run every forward rank 0 leads, on this shard, until rank 0 calls stop_followers().")
+      .def("stop_followers", &model::Model::stop_followers, py::call_guard<py::gil_scoped_release>(),
+           "Rank 0, leading: ends the other ranks' follow().")
       .def_property_readonly("collective_calls", &model::Model::collective_calls,
                              "Tensor-parallel all-gathers so far (two per layer and forward).")
       .def_property_readonly("collective_seconds", &model::Model::collective_seconds,

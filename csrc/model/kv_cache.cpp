@@ -1,5 +1,6 @@
 #include "kv_cache.h"
 
+#include <atomic>
 #include <stdexcept>
 #include <string>
 
@@ -8,7 +9,11 @@
 namespace ssd::model {
 
 KvCache::KvCache(const ModelConfig& config, int64_t num_blocks, int64_t block_size, const Backend& backend)
-    : backend_(&backend),
+    : id_([] {
+        static std::atomic<int64_t> next{0};
+        return next++;
+      }()),
+      backend_(&backend),
       num_blocks_(num_blocks),
       block_size_(block_size),
       num_kv_heads_(config.num_kv_heads),

@@ -27,6 +27,9 @@ class KvCache {
   /// resident as blocks are first written). The backend must outlive the cache.
   KvCache(const ModelConfig& config, int64_t num_blocks, int64_t block_size, const Backend& backend);
 
+  /// A number no other cache of this process has had (a tensor-parallel
+  /// follower keeps one cache per id of its leader's).
+  int64_t id() const { return id_; }
   int64_t block_size() const { return block_size_; }
   int64_t num_blocks() const { return num_blocks_; }
   int64_t num_free_blocks() const { return static_cast<int64_t>(free_.size()); }
@@ -51,6 +54,7 @@ class KvCache {
   const Backend& backend() const { return *backend_; }
 
  private:
+  int64_t id_;
   const Backend* backend_;
   int64_t num_blocks_;
   int64_t block_size_;

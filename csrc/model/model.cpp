@@ -124,6 +124,7 @@ Model::Model(const ModelConfig& config, const WeightMap& w, const ModelPlacement
     : config_(config),
       row_sum_(placement.tensor_parallel),
       row_bias_(placement.tensor_parallel.rank == 0),
+      tp_(placement.tensor_parallel),
       int8_activations_(placement.options.int8_activations) {
   config_.validate();
   shard_ = shard_layout(config_, placement.tensor_parallel);
@@ -307,6 +308,10 @@ at::Tensor Model::forward_device(const ForwardInput& in, KvCache& cache, kernels
   const auto& c = config_;
   const Backend& be = *backend_;
   check(in, cache);
+  if (leading_) {
+    ForwardMessage message{false, cache.id(), cache.num_blocks(), cache.block_size(), in};
+    broadcast_forward(*tp_.collective, 0, message);
+  }
   const auto rows = static_cast<int64_t>(in.logit_rows.size());
   if (in.tokens.empty())
     return at::empty({rows, c.vocab_size}, at::TensorOptions().dtype(at::kFloat).device(be.device()));
@@ -322,6 +327,36 @@ at::Tensor Model::forward_device(const ForwardInput& in, KvCache& cache, kernels
   const at::Tensor last = be.gather_rows(x, b);
   be.rms_norm(last, final_norm_, static_cast<float>(c.rms_norm_eps), last, ctx);
   return be.linear(last, lm_head_, at::Tensor(), ctx);
+}
+
+void Model::lead(bool on) {
+  if (on && (tp_.size == 1 || tp_.rank != 0))
+    throw std::logic_error("only rank 0 of a tensor-parallel group leads (this is rank " + std::to_string(tp_.rank) +
+                           " of " + std::to_string(tp_.size) + ")");
+  leading_ = on;
+}
+
+void Model::follow(int64_t num_threads) {
+  if (tp_.size == 1 || tp_.rank == 0)
+    throw std::logic_error("follow() runs on ranks 1.. of a tensor-parallel group (this is rank " +
+                           std::to_string(tp_.rank) + " of " + std::to_string(tp_.size) + ")");
+  kernels::ThreadPool pool(num_threads);
+  std::unordered_map<int64_t, std::unique_ptr<KvCache>> caches;  // by the leader's cache id
+  for (;;) {
+    ForwardMessage message;
+    broadcast_forward(*tp_.collective, tp_.rank, message);
+    if (message.stop) return;
+    auto& cache = caches[message.cache_id];
+    if (!cache) cache = std::make_unique<KvCache>(shard_config_, message.num_blocks, message.block_size, *backend_);
+    forward_device(message.input, *cache, pool);
+  }
+}
+
+void Model::stop_followers() {
+  if (!leading_) return;
+  ForwardMessage message;
+  message.stop = true;
+  broadcast_forward(*tp_.collective, 0, message);
 }
 
 }  // namespace ssd::model

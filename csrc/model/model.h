@@ -74,6 +74,17 @@ class Model {
   /// device (queued on the model's stream): the engine's round reads them there.
   at::Tensor forward_device(const ForwardInput& input, KvCache& cache, kernels::ThreadPool& pool) const;
 
+  /// Tensor parallelism, one process per rank. Either every rank calls
+  /// forward with the same input (SPMD), or rank 0 leads: with lead(true) its
+  /// every forward first sends its input and cache geometry to the other
+  /// ranks, which sit in follow(): each runs the same forward on its shard
+  /// and on a KV cache of its own per leader cache, until rank 0 calls
+  /// stop_followers(). std::logic_error for lead on another rank than 0, or
+  /// follow on rank 0 or without a group.
+  void lead(bool on);
+  void follow(int64_t num_threads);
+  void stop_followers();
+
  private:
   struct Layer {
     at::Tensor attn_norm, qkv_bias, q_norm, k_norm, o_bias;
@@ -105,6 +116,8 @@ class Model {
   ModelConfig shard_config_;  ///< config_ with this rank's heads and intermediate rows
   RowParallelSum row_sum_;
   bool row_bias_ = true;  ///< rank 0 adds the row-parallel products' biases
+  TensorParallel tp_;
+  bool leading_ = false;
   std::unique_ptr<Backend> backend_;
   bool int8_activations_ = true;  ///< BackendOptions::int8_activations
   bool bf16_ = false;

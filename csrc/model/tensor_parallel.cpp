@@ -47,6 +47,44 @@ ModelConfig shard_config(const ModelConfig& config, const ShardLayout& layout) {
   return c;
 }
 
+void broadcast_forward(Collective& collective, int64_t rank, ForwardMessage& m) {
+  ForwardInput& in = m.input;
+  at::Tensor header = at::zeros({ForwardMessage::kHeaderFields}, at::kLong);
+  auto* h = header.data_ptr<int64_t>();
+  if (rank == 0) {
+    const int64_t fields[ForwardMessage::kHeaderFields] = {
+        m.stop ? 1 : 0, m.cache_id, m.num_blocks, m.block_size, static_cast<int64_t>(in.tokens.size()),
+        static_cast<int64_t>(in.block_tables.size()), in.max_blocks, in.matmul_min_rows, 0};
+    std::copy(fields, fields + ForwardMessage::kHeaderFields, h);
+  }
+  collective.broadcast(header);
+  m.stop = h[0] != 0;
+  if (m.stop) return;
+  m.cache_id = h[1];
+  m.num_blocks = h[2];
+  m.block_size = h[3];
+  const int64_t t = h[4], tables = h[5];
+  in.max_blocks = h[6];
+  in.matmul_min_rows = h[7];
+  // tokens, positions and seq_of_token [T] each, then the block tables
+  at::Tensor data = at::empty({3 * t + tables}, at::kInt);
+  auto* d = data.data_ptr<int32_t>();
+  std::vector<int32_t>* arrays[] = {&in.tokens, &in.positions, &in.seq_of_token, &in.block_tables};
+  if (rank == 0) {
+    for (auto* a : arrays) d = std::copy(a->begin(), a->end(), d);
+    d = data.data_ptr<int32_t>();
+  }
+  collective.broadcast(data);
+  if (rank != 0) {
+    for (auto* a : arrays) {
+      const int64_t n = a == &in.block_tables ? tables : t;
+      a->assign(d, d + n);
+      d += n;
+    }
+    in.logit_rows.clear();
+  }
+}
+
 at::Tensor RowParallelSum::operator()(const at::Tensor& partial) const {
   if (tp_.size == 1) return partial;
   const auto start = std::chrono::steady_clock::now();

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "backend.h"
 #include "ssd/config.h"
 
 namespace ssd::model {
@@ -35,6 +36,9 @@ class Collective {
   /// Every rank's `part` (one shape and dtype on all ranks), stacked in rank
   /// order: [size, *part.sizes()]. Every rank calls it, in the same order.
   virtual at::Tensor all_gather(const at::Tensor& part) = 0;
+  /// Rank 0's `t` into every other rank's `t` (one shape and dtype on all
+  /// ranks), in place.
+  virtual void broadcast(at::Tensor& t) = 0;
 };
 
 struct TensorParallel {
@@ -65,6 +69,18 @@ ShardLayout shard_layout(const ModelConfig& config, const TensorParallel& tp);
 /// size (hidden size, vocabulary and layers unchanged). The KV cache of a
 /// rank holds this config's KV heads.
 ModelConfig shard_config(const ModelConfig& config, const ShardLayout& layout);
+
+/// The leader's side of a forward (model.h's lead / follow): what every
+/// follower needs to run the same forward on its shard. A message is a
+/// header of kHeaderFields int64 then, for a forward, its int32 arrays.
+struct ForwardMessage {
+  static constexpr int64_t kHeaderFields = 9;
+  bool stop = false;
+  int64_t cache_id = 0, num_blocks = 0, block_size = 0;
+  ForwardInput input;  ///< logit_rows empty on a follower (only the leader reads logits)
+};
+/// Rank 0: sends `message` to every other rank. Others: receives it.
+void broadcast_forward(Collective& collective, int64_t rank, ForwardMessage& message);
 
 /// The rank-order sum of every rank's partial (see the file comment), and
 /// the collective's calls and time, counted.

@@ -38,7 +38,7 @@ SPECS = {
 
 
 class ThreadGroup:
-    """Ranks as threads of one process: all_gather through a shared list and a barrier."""
+    """Ranks as threads of one process: the collectives through a shared list and a barrier."""
 
     def __init__(self, size: int):
         self.size = size
@@ -53,11 +53,20 @@ class ThreadGroup:
             self.barrier.wait()  # every rank has read before the next call writes
             return out
 
-        return rank, self.size, all_gather
+        def broadcast(t: torch.Tensor) -> None:
+            if rank == 0:
+                self.parts[0] = t.clone()
+            self.barrier.wait()
+            if rank != 0:
+                t.copy_(self.parts[0])
+            self.barrier.wait()
+
+        return rank, self.size, all_gather, broadcast
 
 
-def run_ranks(loaded, size: int, body, **core_args) -> list:
-    """body(core) on every rank of a ThreadGroup, concurrently; their results in rank order."""
+def run_ranks(loaded, size: int, body, lead: bool = False, **core_args) -> list:
+    """body(core) on every rank of a ThreadGroup, concurrently (SPMD); their results in rank
+    order. lead: rank 0 alone runs body, leading, and the others follow (their result None)."""
     group = ThreadGroup(size)
     cores = [loaded.core_model("cpu", "cpu", tensor_parallel=group.spec(r), **core_args) for r in range(size)]
     results: list = [None] * size
@@ -65,7 +74,16 @@ def run_ranks(loaded, size: int, body, **core_args) -> list:
 
     def run(rank):
         try:
-            results[rank] = body(cores[rank])
+            if not lead:
+                results[rank] = body(cores[rank])
+            elif rank > 0:
+                cores[rank].follow(1)
+            else:
+                cores[0].lead()
+                try:
+                    results[0] = body(cores[0])
+                finally:
+                    cores[0].stop_followers()
         except BaseException as e:  # noqa: BLE001 -- re-raised below
             errors.append(e)
             group.barrier.abort()
@@ -126,6 +144,31 @@ def test_three_ranks_add_in_one_order(models):
     assert relative_error(ranks[0], want) < TOLERANCE
 
 
+@pytest.mark.parametrize("size", [2, 3])
+def test_followers_run_what_rank_0_leads(models, size):
+    """Rank 0 leads (its forwards send their inputs), the others only follow, with a cache of
+    their own per leader cache (two runners here): rank 0's logits are bitwise those of every
+    rank calling the forward itself."""
+    spec = SPECS["qwen3-uneven"]
+    loaded = ssd.models.load(models["qwen3-uneven"])
+    tokens = random_tokens(26, spec.vocab_size, seed=5)
+
+    def two_runners(core):
+        # two caches alive at once, forwards interleaved: a follower's cache per leader cache
+        runners = [_C.SequenceRunner(core, 8, 16, 1) for _ in range(2)]
+        seqs = [r.add_sequence() for r in runners]
+        streams = [tokens, tokens[::-1]]
+        rows = [r.extend([(s, t[:20])], True) for r, s, t in zip(runners, seqs, streams)]
+        for i in range(20, len(tokens)):
+            rows += [r.extend([(s, [t[i]])], True) for r, s, t in zip(runners, seqs, streams)]
+        return torch.cat(rows)
+
+    spmd = run_ranks(loaded, size, two_runners)[0]
+    led = run_ranks(loaded, size, two_runners, lead=True)
+    assert led[1:] == [None] * (size - 1)
+    assert torch.equal(led[0], spmd)
+
+
 def test_rows_do_not_depend_on_the_batch(models):
     spec = SPECS["qwen3-uneven"]
     loaded = ssd.models.load(models["qwen3-uneven"])
@@ -166,7 +209,12 @@ def test_refusals(models):
     with pytest.raises(ValueError, match="tensor_parallel_size 3 is larger than the model's 2 KV heads"):
         loaded.core_model("cpu", "cpu", tensor_parallel=ThreadGroup(3).spec(0))
     with pytest.raises(ValueError, match="rank 2 is outside a group of 2"):
-        loaded.core_model("cpu", "cpu", tensor_parallel=(2, 2, lambda t: t))
+        loaded.core_model("cpu", "cpu", tensor_parallel=(2, 2, lambda t: t, lambda t: None))
+    follower = loaded.core_model("cpu", "cpu", tensor_parallel=ThreadGroup(2).spec(1))
+    with pytest.raises(RuntimeError, match="only rank 0 of a tensor-parallel group leads"):
+        follower.lead()
+    with pytest.raises(RuntimeError, match="follow\\(\\) runs on ranks 1.. of a tensor-parallel group"):
+        loaded.core_model("cpu", "cpu").follow(1)
 
 
 def test_unsplittable_blocks_are_named(tmp_path):
@@ -186,7 +234,7 @@ def free_port() -> int:
 
 
 def test_two_processes_over_gloo(models, tmp_path):
-    """The same split as two fresh interpreters over torch.distributed (gloo)."""
+    """The same split as two fresh interpreters over torch.distributed (gloo), rank 0 leading."""
     spec = SPECS["qwen3-uneven"]
     tokens = random_tokens(26, spec.vocab_size, seed=5)
     want = prefill_and_decode(tokens)(ssd.models.load(models["qwen3-uneven"]).core_model("cpu", "cpu"))
@@ -204,9 +252,11 @@ def test_two_processes_over_gloo(models, tmp_path):
                 p.kill()
                 p.wait()
     assert [p.returncode for p in procs] == [0, 0], outs
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
-    assert torch.equal(ranks[0], ranks[1])
-    assert relative_error(ranks[0], want) < TOLERANCE
+    got = torch.load(tmp_path / "rank0.pt")
+    assert not (tmp_path / "rank1.pt").exists()  # rank 1 only followed
+    assert relative_error(got, want) < TOLERANCE
+    spmd = run_ranks(ssd.models.load(models["qwen3-uneven"]), 2, prefill_and_decode(tokens))[0]
+    assert torch.equal(got, spmd)  # the same sums as two threads
 
 
 def test_smollm2_over_two_ranks():

@@ -3,9 +3,9 @@ tests/model/test_tensor_parallel.py:
 
     python -m tests.reference.tp_rank MODEL_DIR RANK SIZE PORT OUT TOKEN...
 
-Joins the group at 127.0.0.1:PORT (60 s timeout), builds its shard of the
-model, prefills the first 20 tokens and decodes the rest one by one, and
-saves every row's logits to OUT.
+Joins the group at 127.0.0.1:PORT (60 s timeout) and builds its shard of the
+model. Rank 0 leads: it prefills the first 20 tokens, decodes the rest one by
+one and saves every row's logits to OUT; the other ranks follow its forwards.
 """
 from __future__ import annotations
 
@@ -27,10 +27,17 @@ def main(argv: list[str]) -> None:
                             timeout=datetime.timedelta(seconds=60))
     try:
         core = ssd.models.load(model_dir).core_model("cpu", "cpu", tensor_parallel=tensor_parallel())
-        runner = _C.SequenceRunner(core, 8, 16, 1)
-        seq = runner.add_sequence()
-        rows = [runner.extend([(seq, tokens[:20])], True)]
-        rows += [runner.extend([(seq, [t])], True) for t in tokens[20:]]
+        if rank > 0:
+            core.follow(1)
+            return
+        core.lead()
+        try:
+            runner = _C.SequenceRunner(core, 8, 16, 1)
+            seq = runner.add_sequence()
+            rows = [runner.extend([(seq, tokens[:20])], True)]
+            rows += [runner.extend([(seq, [t])], True) for t in tokens[20:]]
+        finally:
+            core.stop_followers()
         torch.save(torch.cat(rows), out)
     finally:
         dist.destroy_process_group()

@@ -15,7 +15,7 @@ def build_core_model(config, weights: dict[str, torch.Tensor], device: str = "cp
     "aten"; see ``LoadedModel.core_model``); ``formats`` names the weights
     held as GGUF blocks (``ssd.models.quantized``), multiplied with int8
     activations or (``int8_activations=False``) fp32 ones. ``tensor_parallel``:
-    None, or ``(rank, size, all_gather)`` to build that rank's shard
+    None, or ``(rank, size, all_gather, broadcast)`` to build that rank's shard
     (``ssd.distributed``).
 
     Raises ValueError naming a missing or mis-shaped tensor, or an unusable device.

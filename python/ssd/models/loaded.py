@@ -60,7 +60,7 @@ class LoadedModel:
         is then not token-identical to ar). int8_activations: the matrices held
         in blocks (``formats``) multiply int8 activations (the default, faster)
         or fp32 ones (exactly the model of the dequantised weights).
-        tensor_parallel: None, or ``(rank, size, all_gather)``: that rank's
+        tensor_parallel: None, or ``(rank, size, all_gather, broadcast)``: that rank's
         shard of a tensor-parallel group (``ssd.distributed``). Raises
         ValueError naming a device this build or machine cannot use.
         """
