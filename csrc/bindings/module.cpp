@@ -107,6 +107,7 @@ EngineConfig engine_config_fields(const py::dict& d) {
   get(d, "batch_invariant", c.batch_invariant);
   get(d, "backend", c.backend);
   get(d, "adaptive", c.adaptive);
+  get(d, "tensor_parallel_size", c.tensor_parallel_size);
   return c;
 }
 

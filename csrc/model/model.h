@@ -81,6 +81,8 @@ class Model {
   /// and on a KV cache of its own per leader cache, until rank 0 calls
   /// stop_followers(). std::logic_error for lead on another rank than 0, or
   /// follow on rank 0 or without a group.
+  int64_t tensor_parallel_size() const { return tp_.size; }
+  int64_t tensor_parallel_rank() const { return tp_.rank; }
   void lead(bool on);
   void follow(int64_t num_threads);
   void stop_followers();

@@ -227,6 +227,7 @@ void EngineConfig::validate(const TestingConfig& testing) const {
   }
   threads("target_threads", target_threads);
   threads("draft_threads", draft_threads);
+  positive("tensor_parallel_size", tensor_parallel_size);
   positive("k", k);
   if (k > 32) bad("k", "must be <= 32, got " + std::to_string(k));
   if (!fanout_list.empty()) {

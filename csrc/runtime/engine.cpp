@@ -47,6 +47,11 @@ class Engine::Impl {
     config_.validate(testing_);
     if (!model_) throw std::invalid_argument("target model is null");
     check_placement("target_device", *model_, config_.target_device);
+    if (model_->tensor_parallel_size() != config_.tensor_parallel_size || model_->tensor_parallel_rank() != 0)
+      throw std::invalid_argument("tensor_parallel_size " + std::to_string(config_.tensor_parallel_size) +
+                                  ": the target is rank " + std::to_string(model_->tensor_parallel_rank()) + " of " +
+                                  std::to_string(model_->tensor_parallel_size()) +
+                                  " (the engine runs rank 0 of a group of that size)");
     check_draft(draft.get());
     config_.resolve(model_->config(), draft ? &draft->config() : nullptr, testing_);
     SSD_LOG_INFO("engine: mode " << config_.mode << ", max_model_len " << config_.max_model_len << ", KV cache "
@@ -58,6 +63,7 @@ class Engine::Impl {
     speculator_ = runtime::make_speculator(config_, testing_, std::move(draft));
     scheduler_ = std::make_unique<runtime::Scheduler>(config_, *cache_, speculator_ ? config_.k : 0);
     pool_ = std::make_unique<kernels::ThreadPool>(config_.target_threads);
+    if (config_.tensor_parallel_size > 1) model_->lead(true);
     thread_ = std::thread([this] { loop(); });
   }
 
@@ -115,6 +121,14 @@ class Engine::Impl {
     if (thread_.joinable()) thread_.join();
     pool_.reset();  // no thread outlives shutdown
     if (speculator_) speculator_->stop();
+    if (config_.tensor_parallel_size > 1 && !followers_stopped_) {
+      followers_stopped_ = true;
+      try {  // a rank that is gone cannot be told; its process ends with its connection
+        model_->stop_followers();
+      } catch (const std::exception& e) {
+        SSD_LOG_WARNING("engine: stopping the tensor-parallel followers failed: " << e.what());
+      }
+    }
   }
 
   EngineStats stats() const {
@@ -467,6 +481,7 @@ class Engine::Impl {
   std::shared_ptr<model::Model> model_;
   std::vector<int32_t> eos_;
   int64_t vocab_ = 0;
+  bool followers_stopped_ = false;
   std::unique_ptr<model::KvCache> cache_;
   std::unique_ptr<runtime::Speculator> speculator_;  // null in mode "ar"
   std::unique_ptr<runtime::Scheduler> scheduler_;

@@ -113,6 +113,12 @@ class EngineConfig:
     decision uses only what is known before the verify forward, so it never
     changes the output law (nor temperature-0 output). False: every round
     verifies k proposals and ssd always builds trees (the fixed modes).
+
+    tensor_parallel_size: processes the target is split over (its heads and
+    MLP rows; docs/architecture.md#tensor-parallelism): ssd.LLM starts ranks
+    1.. as worker processes on this machine (gloo), each with target_threads
+    threads; rank 0, this process, schedules, samples and runs the draft.
+    The target must be a path then (the workers load it too). CPU only for now.
     """
 
     mode: str = "ar"
@@ -139,6 +145,7 @@ class EngineConfig:
     batch_invariant: bool = True
     backend: str = "auto"
     adaptive: bool = True
+    tensor_parallel_size: int = 1
 
     def __post_init__(self):
         if isinstance(self.fanout, str):

@@ -101,8 +101,41 @@ class LLM:
         self.model = load(target, config.dtype)
         self.draft_model = None if draft is None else load(draft, config.draft_dtype or config.dtype)
         int8 = config.quant_activations == "int8"
+        self._workers = None
+        tensor_parallel = self._start_workers(config, int8) if config.tensor_parallel_size > 1 else None
+        try:
+            self._build(config, int8, tensor_parallel, testing)
+        except BaseException:
+            if self._workers is not None:
+                self._workers.kill()
+            raise
+        _running.add(self)
+
+    def _start_workers(self, config: EngineConfig, int8: bool) -> tuple:
+        """Ranks 1.. of the target as processes; this one joins as rank 0 (ssd.distributed)."""
+        from ssd.distributed import GlooGroup, WorkerProcesses
+
+        if config.target_device != "cpu":
+            raise ValueError(f"tensor_parallel_size: runs on the CPU for now, not target_device "
+                             f"{config.target_device!r}")
+        size = config.tensor_parallel_size
+        store = GlooGroup.host(size)
+        self._workers = WorkerProcesses(self.model.source, size, store.port, dtype=config.dtype,
+                                        device=config.target_device, backend=config.backend,
+                                        int8_activations=int8, threads=config.target_threads)
+        try:
+            self._group = GlooGroup.join("127.0.0.1", store.port, 0, size, store=store)
+        except BaseException:
+            self._workers.kill()
+            raise
+        return self._group.spec()
+
+    def _build(self, config: EngineConfig, int8: bool, tensor_parallel, testing) -> None:
+        from ssd import _C
+
         core = self.model.core_model(config.target_device, config.backend, batch_invariant=config.batch_invariant,
-                                     int8_activations=int8)
+                                     int8_activations=int8, tensor_parallel=tensor_parallel)
+        self._target_core = core
         self.model.weights.clear()  # the core holds its own (fused) copies
         draft_core = None
         if self.draft_model is not None:
@@ -118,7 +151,6 @@ class LLM:
         # The fields the engine fills in (max_model_len, kv_capacity_tokens), as it resolved them.
         self.config = dataclasses.replace(config, **self._engine.config())
         self._dispatcher = ResponseDispatcher(self._engine, _C, self.model.tokenizer)
-        _running.add(self)
 
     # ----------------------------------------------------------------- input
     @property
@@ -259,6 +291,10 @@ class LLM:
 
     def stats(self) -> dict:
         stats = dict(self._engine.stats())
+        if self.config.tensor_parallel_size > 1:
+            # the target's all-gathers (two per layer and forward) and their seconds, summing included
+            stats["tensor_parallel_collectives"] = self._target_core.collective_calls
+            stats["tensor_parallel_collective_s"] = self._target_core.collective_seconds
         _logging.forward(self._core)
         return stats
 
@@ -271,8 +307,10 @@ class LLM:
             if self._closed:
                 return
             self._closed = True
-            engine.shutdown()
+            engine.shutdown()  # a tensor-parallel engine stops its followers
             self._dispatcher.close()
+            if self._workers is not None:
+                self._workers.close()
         _logging.forward(self._core)
 
     def __enter__(self):

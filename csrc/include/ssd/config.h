@@ -141,6 +141,11 @@ struct EngineConfig {
   /// when they pay (runtime/adaptive_policy.h); false: k proposals every
   /// round and always trees (the fixed modes).
   bool adaptive = true;
+  /// Ranks the target is split over (model/tensor_parallel.h): the target
+  /// model given to the engine must be rank 0 of a group of this size; the
+  /// engine leads it (the other ranks follow its forwards) and stops the
+  /// followers at shutdown. ssd.LLM starts those ranks as processes.
+  int64_t tensor_parallel_size = 1;
 
   void validate() const;
   /// The same, against testing.fake_devices (when set) instead of this machine.
