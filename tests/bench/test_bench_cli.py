@@ -67,6 +67,8 @@ def test_decode_rejects_bad_options():
     assert proc.returncode == 2 and "must be positive" in proc.stderr
     proc = bench("decode", "--cpu-isas", "sse4")
     assert proc.returncode == 2 and "invalid choice: 'sse4'" in proc.stderr
+    proc = bench("decode", "--threads", "1", "2", "--tensor-parallel", "2")
+    assert proc.returncode == 2 and "--tensor-parallel: 2 processes cannot share 1 threads evenly" in proc.stderr
     from ssd import _C
 
     if "avx512" not in _C.cpu_isas():
@@ -209,6 +211,21 @@ def test_decode_table_has_a_row_per_instruction_set():
     lines = table(rows, {1: {"gbps": 20.0}}, {"float32": 500_000_000}, max_tokens=4).splitlines()
     assert any(line.split()[2:5] == ["ssd", "(avx2)", "33.00"] for line in lines)
     assert any(line.split()[2:5] == ["ssd", "(portable)", "3.30"] for line in lines)
+
+
+def test_decode_tensor_parallel_rows_are_their_own_and_report_the_collectives():
+    from ssd.bench.decode import summarise, table
+
+    ssd_row, hf_row = _decode_rows()
+    tp_row = {**ssd_row, "tensor_parallel": 2, "rates": [10.0, 11.0, 12.0], "collectives_per_forward": 60.0,
+              "collective_ms_per_forward": 30.5}
+    rows = [ssd_row, tp_row, hf_row]
+    summarise(rows, {1: {"gbps": 20.0}}, {"float32": 500_000_000})
+    assert hf_row["speedup_vs_transformers"] is None and ssd_row["speedup_vs_transformers"] == pytest.approx(33 / 16)
+    assert hf_row["greedy_prefix_match"] == 2  # against the one-process row, not the split one
+    lines = table(rows, {1: {"gbps": 20.0}}, {"float32": 500_000_000}, max_tokens=4).splitlines()
+    assert any(line.split()[2:5] == ["ssd", "(tp2)", "11.00"] for line in lines)
+    assert "ssd (tp2) float32 1 thr: 60 all-gathers per forward, 30.50 ms of it per forward" in lines
 
 
 def test_decode_quantized_rows_compare_with_bf16_and_run_ssd_only():

@@ -39,21 +39,25 @@ class ForeignLoad:
     A few percent is noise; tens of percent mean the numbers are contended. `exclude_pids` are
     processes the benchmark started on purpose (a competing busy process): their share is
     reported apart, as excluded_fraction. With `own_children`, the CPU time of this process's
-    waited-for children (a peer's binary it ran) counts as its own.
+    waited-for children (a peer's binary it ran) counts as its own, and so does that of
+    `own_pids` (running processes it started: tensor-parallel workers).
     """
 
     fraction: float | None = None
     excluded_fraction: float | None = None
 
-    def __init__(self, exclude_pids: tuple[int, ...] | list[int] = (), own_children: bool = False):
+    def __init__(self, exclude_pids: tuple[int, ...] | list[int] = (), own_children: bool = False,
+                 own_pids: tuple[int, ...] | list[int] = ()):
         self.exclude_pids = tuple(exclude_pids)
         self.own_children = own_children
+        self.own_pids = tuple(own_pids)
 
     def _own_seconds(self) -> float:
+        seconds = time.process_time() + sum(process_cpu_seconds(pid) or 0.0 for pid in self.own_pids)
         if not self.own_children:
-            return time.process_time()
+            return seconds
         t = os.times()
-        return time.process_time() + t.children_user + t.children_system
+        return seconds + t.children_user + t.children_system
 
     def _excluded_seconds(self) -> float | None:
         seconds = [process_cpu_seconds(pid) for pid in self.exclude_pids]

@@ -84,6 +84,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     metavar="ISA", help="run ssd's CPU kernels on each of these instruction sets (avx512_vnni, "
                     "avx512, avx2, portable; "
                          "default: the best this CPU has), one row each")
+    ap.add_argument("--tensor-parallel", nargs="+", type=int, default=[1], metavar="N",
+                    help="ssd rows with the target split over each of these numbers of processes (default 1); "
+                         "--threads is then the total, split evenly between them")
     ap.add_argument("--max-tokens", type=int, default=None, help="new tokens per generation (default 64; --quick 16)")
     ap.add_argument("--repeats", type=int, default=None, help="timed generations per config (default 3; --quick 1)")
     ap.add_argument("--prompt", default=None, help="prompt text (default: a HumanEval prompt)")
@@ -105,6 +108,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("--max-tokens must be at least 2 (the first token is excluded from the decode rate)")
     if args.repeats < 1 or any(t < 1 for t in args.threads) or args.bw_mb < 1:
         ap.error("--repeats, --threads and --bw-mb must be positive")
+    if bad := [(t, n) for t in args.threads for n in args.tensor_parallel if n < 1 or t % n]:
+        ap.error(f"--tensor-parallel: {bad[0][1]} processes cannot share {bad[0][0]} threads evenly")
     from ssd import _C
 
     if args.cpu_isas is None:
@@ -121,9 +126,12 @@ def job_name(job: dict) -> str:
 
 
 def engine_label(row: dict) -> str:
-    """The engine, with the instruction set of ssd's kernels: "ssd (avx2)"."""
+    """The engine, with the instruction set of ssd's kernels and its tensor-parallel
+    processes: "ssd (avx2)", "ssd (avx2, tp2)"."""
     kind = row.get("kind", row.get("engine"))
-    return f"{kind} ({row['cpu_isa']})" if row.get("cpu_isa") else kind
+    notes = ([row["cpu_isa"]] if row.get("cpu_isa") else []) + (
+        [f"tp{row['tensor_parallel']}"] if row.get("tensor_parallel", 1) > 1 else [])
+    return f"{kind} ({', '.join(notes)})" if notes else kind
 
 
 def run_job(job: dict, bar, timeout: float) -> dict:
@@ -221,10 +229,12 @@ def summarise(rows: list[dict], bw: dict[int, dict], bytes_per_token: dict[str, 
         r["bound_tok_s"] = bw[r["threads"]]["gbps"] * 1e9 / r["bytes_per_token"]
         r["fraction_of_bound"] = r["tok_s"] / r["bound_tok_s"]
     # Each ssd row against transformers' row; transformers' row against one ssd row (the last).
-    by_engine = {e: {(r["dtype"], r["threads"]): r for r in rows if r["engine"] == e} for e in ENGINES}
-    bf16 = {(r["threads"], r.get("cpu_isa")): r for r in rows if r["engine"] == "ssd" and r["dtype"] == "bfloat16"}
+    by_engine = {e: {(r["dtype"], r["threads"]): r for r in rows if r["engine"] == e and r.get("tensor_parallel", 1) == 1}
+                 for e in ENGINES}
+    bf16 = {(r["threads"], r.get("cpu_isa"), r.get("tensor_parallel", 1)): r
+            for r in rows if r["engine"] == "ssd" and r["dtype"] == "bfloat16"}
     for r in rows:
-        base = bf16.get((r["threads"], r.get("cpu_isa"))) if r["engine"] == "ssd" else None
+        base = bf16.get((r["threads"], r.get("cpu_isa"), r.get("tensor_parallel", 1))) if r["engine"] == "ssd" else None
         r["speedup_vs_bf16"] = r["tok_s"] / base["tok_s"] if base else None
         other = by_engine["transformers" if r["engine"] == "ssd" else "ssd"].get((r["dtype"], r["threads"]))
         r["speedup_vs_transformers"] = r["tok_s"] / other["tok_s"] if r["engine"] == "ssd" and other else None
@@ -245,7 +255,7 @@ def table(rows: list[dict], bw: dict[int, dict], bytes_per_token: dict[str, int]
             f"{'vs bf16':>7} {'greedy=':>8} {'other CPU':>9}")
     lines = [head, "-" * len(head)]
     for r in sorted(rows, key=lambda r: (DTYPES.index(r["dtype"]), r["threads"], ENGINES.index(r["engine"]),
-                                         r.get("cpu_isa") or "")):
+                                         r.get("cpu_isa") or "", r.get("tensor_parallel", 1))):
         speed = f"{r['speedup_vs_transformers']:.2f}x" if r["speedup_vs_transformers"] else ""
         vs_bf16 = f"{r['speedup_vs_bf16']:.2f}x" if r.get("speedup_vs_bf16") else ""
         agree = f"{r['greedy_prefix_match']}/{max_tokens}" if r["greedy_prefix_match"] is not None else ""
@@ -257,6 +267,10 @@ def table(rows: list[dict], bw: dict[int, dict], bytes_per_token: dict[str, int]
                      f"{prefill:>13} {r['bound_tok_s']:>11.1f} {100 * r['fraction_of_bound']:>7.1f}% "
                      f"{speed:>6} {vs_peer:>12} {vs_bf16:>7} {agree:>8} {_pct(r.get('other_cpu_fraction')):>9}")
     lines.append("")
+    for r in rows:
+        if r.get("collective_ms_per_forward") is not None:
+            lines.append(f"{engine_label(r)} {r['dtype']} {r['threads']} thr: {r['collectives_per_forward']:.0f} "
+                         f"all-gathers per forward, {r['collective_ms_per_forward']:.2f} ms of it per forward")
     for t in sorted(bw):
         lines.append(f"copy bandwidth {t} thread(s): {bw[t]['gbps']:.2f} GB/s (read+write bytes / time; "
                      f"other CPU {_pct(bw[t].get('other_cpu_fraction'))})")
@@ -289,7 +303,9 @@ def make_jobs(args, model: Path, prompt_ids: list[int], peer_files: dict[str, st
                 if engine == "llamacpp":
                     job.update(model=peer_files[dtype], llama_bench=llama_bench)
                 isas = args.cpu_isas if engine == "ssd" else [None]
-                jobs += [{**job, "cpu_isa": isa} if isa else job for isa in isas]
+                splits = args.tensor_parallel if engine == "ssd" else [1]
+                jobs += [{**job, **({"cpu_isa": isa} if isa else {}), **({"tensor_parallel": n} if n > 1 else {})}
+                         for isa in isas for n in splits]
     return jobs
 
 
@@ -309,7 +325,9 @@ def run_jobs(jobs: list[dict], wait_s: float, timeout: float) -> tuple[dict[int,
                 bw[job["threads"]] = res
             else:
                 rows.append({"engine": job["kind"], "dtype": job["dtype"], "threads": job["threads"],
-                             **({"cpu_isa": job["cpu_isa"]} if "cpu_isa" in job else {}), **res})
+                             **({"cpu_isa": job["cpu_isa"]} if "cpu_isa" in job else {}),
+                             **({"tensor_parallel": job["tensor_parallel"]} if "tensor_parallel" in job else {}),
+                             **res})
                 bar.write(f"{job_name(job)}: {statistics.median(res['rates']):.2f} tok/s "
                           f"(runs: {', '.join(f'{x:.2f}' for x in res['rates'])})")
     return bw, rows

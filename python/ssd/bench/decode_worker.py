@@ -22,12 +22,12 @@ def _step() -> None:
     print(MARK_STEP, flush=True)
 
 
-def _timed_runs(job: dict, generate_once) -> dict:
+def _timed_runs(job: dict, generate_once, own_pids=()) -> dict:
     """One untimed warm-up, then `repeats` timed runs of `generate_once() -> (rate, ttft, tokens)`."""
     generate_once()
     _step()
     rates, ttfts, tokens = [], [], None
-    with ForeignLoad(job.get("exclude_pids", ())) as load:
+    with ForeignLoad(job.get("exclude_pids", ()), own_pids=own_pids) as load:
         for _ in range(job["repeats"]):
             rate, ttft, tokens = generate_once()
             rates.append(rate)
@@ -38,15 +38,18 @@ def _timed_runs(job: dict, generate_once) -> dict:
 
 
 def run_ssd(job: dict) -> dict:
-    """ssd in ar mode; times from the engine's own request metrics."""
+    """ssd in ar mode; times from the engine's own request metrics. With tensor_parallel > 1
+    the target is split over that many processes of threads / tensor_parallel threads each
+    (their CPU time is this run's own), and the collectives' time per forward is reported."""
     from ssd import LLM, SamplingParams
 
     if job.get("cpu_isa"):
         from ssd import _C
 
         _C.set_cpu_isa(job["cpu_isa"])
+    tp = job.get("tensor_parallel", 1)
     llm = LLM(target=job["model"], mode="ar", max_model_len=job["max_model_len"],
-              target_threads=job["threads"], dtype=job["dtype"])
+              target_threads=job["threads"] // tp, dtype=job["dtype"], tensor_parallel_size=tp)
     _step()
     params = SamplingParams(temperature=0, max_tokens=job["max_tokens"], ignore_eos=True)
 
@@ -60,7 +63,18 @@ def run_ssd(job: dict) -> dict:
         return rate, m["time_to_first_token"], list(out.token_ids)
 
     try:
-        return _timed_runs(job, generate_once)
+        if tp == 1:
+            return _timed_runs(job, generate_once)
+        before = llm.stats()
+        res = _timed_runs(job, generate_once, own_pids=[p.pid for p in llm._workers.procs])
+        after = llm.stats()
+        calls = after["tensor_parallel_collectives"] - before["tensor_parallel_collectives"]
+        forwards = calls / (2 * llm.model.config.num_layers)  # two all-gathers per layer and forward
+        res["collectives_per_forward"] = calls / forwards if forwards else None
+        res["collective_ms_per_forward"] = ((after["tensor_parallel_collective_s"]
+                                             - before["tensor_parallel_collective_s"]) / forwards * 1e3
+                                            if forwards else None)
+        return res
     finally:
         llm.shutdown()
 
