@@ -109,3 +109,32 @@ def test_served_at_two_ranks_answers_the_openai_client():
     finally:
         llm.shutdown()
     assert not workers_of_this_process()
+
+
+def test_ssd_output_law_at_two_ranks(small_pair):
+    """Sampled ssd over a target split in two has the target's law (the exact joint of 7 tokens
+    over a vocabulary of 4, computed from the one-rank model: the split changes the logits by
+    about 1e-6 of the largest, far below what the test can see)."""
+    from ssd import models as ssd_models
+    from tests.reference import law
+    from tests.reference.stats import g_test, samples_for_power
+
+    target, draft = small_pair
+    prompt, n_tokens, vocab = [1, 3, 0, 2], 7, 4
+    joint = law.exact_joint(ssd_models.load(target), prompt, n_tokens, vocab, 1.0, 0, 1.0)
+    laws = law.views(joint)
+    n = max(samples_for_power(p, tv=0.01, alpha=0.001, power=0.9) for p in laws)
+    params = [SamplingParams(temperature=1.0, max_tokens=n_tokens, ignore_eos=True, seed=5_000_000 + i)
+              for i in range(n)]
+    with LLM(target, draft=draft, mode="ssd", tensor_parallel_size=2, adaptive=False, k=2, max_model_len=32,
+             max_batch=512, max_batched_tokens=8192, fanout=[2, 2, 2], coupling="rejection") as spec:
+        outs = spec.generate([prompt] * n, params)
+        stats = spec.stats()
+    counts = law.counts_of(outs, vocab, n_tokens)
+    accept = stats["draft_tokens_accepted"] / stats["draft_tokens_proposed"]
+    assert 0.05 < accept < 0.95, "both acceptance and rejection must be exercised"
+    for expected, observed in zip(laws, law.views(counts)):
+        assert g_test(observed, expected) > 0.001
+    # The same test rejects the draft's law: it could see a wrong one.
+    wrong = law.views(law.exact_joint(ssd_models.load(draft), prompt, n_tokens, vocab, 1.0, 0, 1.0))
+    assert min(g_test(o, w) for o, w in zip(law.views(counts), wrong)) < 1e-6
