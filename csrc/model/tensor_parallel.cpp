@@ -54,7 +54,7 @@ void broadcast_forward(Collective& collective, int64_t rank, ForwardMessage& m) 
   if (rank == 0) {
     const int64_t fields[ForwardMessage::kHeaderFields] = {
         m.stop ? 1 : 0, m.cache_id, m.num_blocks, m.block_size, static_cast<int64_t>(in.tokens.size()),
-        static_cast<int64_t>(in.block_tables.size()), in.max_blocks, in.matmul_min_rows, 0};
+        static_cast<int64_t>(in.block_tables.size()), in.max_blocks, in.matmul_min_rows};
     std::copy(fields, fields + ForwardMessage::kHeaderFields, h);
   }
   collective.broadcast(header);

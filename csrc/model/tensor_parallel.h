@@ -74,7 +74,7 @@ ModelConfig shard_config(const ModelConfig& config, const ShardLayout& layout);
 /// follower needs to run the same forward on its shard. A message is a
 /// header of kHeaderFields int64 then, for a forward, its int32 arrays.
 struct ForwardMessage {
-  static constexpr int64_t kHeaderFields = 9;
+  static constexpr int64_t kHeaderFields = 8;
   bool stop = false;
   int64_t cache_id = 0, num_blocks = 0, block_size = 0;
   ForwardInput input;  ///< logit_rows empty on a follower (only the leader reads logits)

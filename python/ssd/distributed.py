@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import signal
 import subprocess
 import sys
@@ -28,8 +27,8 @@ from collections.abc import Callable
 
 import torch
 
-# How long a rank waits for the others: to join the group (they load the
-# model first), and for each collective.
+# How long a rank waits for the others: to join the group, and in each
+# collective (the first forward's waits on the workers' loading the model).
 DEFAULT_TIMEOUT_S = 300.0
 # How long shutdown waits for a worker to exit before killing it.
 EXIT_WAIT_S = 30.0

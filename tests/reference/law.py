@@ -41,3 +41,14 @@ def counts_of(outputs, vocab, n_tokens):
         assert len(o.token_ids) == n_tokens
         counts[tuple(o.token_ids)] += 1
     return counts
+
+
+def assert_law_and_power(counts, expected_joint, wrong_joint):
+    """The sampled counts fit expected_joint's views (G-test p > 0.001 on each) and the same
+    test rejects wrong_joint (p < 1e-6 on some view): it could have seen a wrong law."""
+    from tests.reference.stats import g_test
+
+    observed = views(counts)
+    for expected, got in zip(views(expected_joint), observed):
+        assert g_test(got, expected) > 0.001
+    assert min(g_test(o, w) for o, w in zip(observed, views(wrong_joint))) < 1e-6
