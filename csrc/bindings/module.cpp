@@ -108,6 +108,8 @@ EngineConfig engine_config_fields(const py::dict& d) {
   get(d, "backend", c.backend);
   get(d, "adaptive", c.adaptive);
   get(d, "tensor_parallel_size", c.tensor_parallel_size);
+  get(d, "tensor_parallel_timeout_s", c.tensor_parallel_timeout_s);
+  get(d, "tensor_parallel_init", c.tensor_parallel_init);
   return c;
 }
 
@@ -391,6 +393,10 @@ void bind_models(py::module_& m) {
            "Ranks 1..: run every forward rank 0 leads, on this shard, until rank 0 calls stop_followers().")
       .def("stop_followers", &model::Model::stop_followers, py::call_guard<py::gil_scoped_release>(),
            "Rank 0, leading: ends the other ranks' follow().")
+      .def("ping_followers", &model::Model::ping_followers, py::arg("quiet_s") = 0.0,
+           py::call_guard<py::gil_scoped_release>(),
+           "Rank 0, leading: when nothing was sent for quiet_s seconds, tells the followers it is alive; True when "
+           "it did.")
       .def_property_readonly("collective_calls", &model::Model::collective_calls,
                              "Tensor-parallel all-gathers so far (two per layer and forward).")
       .def_property_readonly("collective_seconds", &model::Model::collective_seconds,
@@ -489,6 +495,9 @@ void bind_engine(py::module_& m) {
       .def("cancel", &Engine::cancel)
       .def("shutdown", &Engine::shutdown, py::call_guard<py::gil_scoped_release>())
       .def("stats", [](const Engine& e) { return stats_dict(e.stats()); })
+      .def("failure", &Engine::failure,
+           "Why the engine has failed (a tensor-parallel rank lost: every request ended with an error and new "
+           "ones are refused), or '' while it works.")
       .def("config", [](const Engine& e) {
              // The resolved values of the fields the engine fills in.
              const EngineConfig& c = e.config();

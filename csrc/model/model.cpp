@@ -309,8 +309,9 @@ at::Tensor Model::forward_device(const ForwardInput& in, KvCache& cache, kernels
   const Backend& be = *backend_;
   check(in, cache);
   if (leading_) {
-    ForwardMessage message{false, cache.id(), cache.num_blocks(), cache.block_size(), in};
+    ForwardMessage message{ForwardMessage::Kind::kForward, cache.id(), cache.num_blocks(), cache.block_size(), in};
     broadcast_forward(*tp_.collective, 0, message);
+    last_message_ = std::chrono::steady_clock::now();
   }
   const auto rows = static_cast<int64_t>(in.logit_rows.size());
   if (in.tokens.empty())
@@ -345,7 +346,8 @@ void Model::follow(int64_t num_threads) {
   for (;;) {
     ForwardMessage message;
     broadcast_forward(*tp_.collective, tp_.rank, message);
-    if (message.stop) return;
+    if (message.kind == ForwardMessage::Kind::kStop) return;
+    if (message.kind == ForwardMessage::Kind::kPing) continue;
     auto& cache = caches[message.cache_id];
     if (!cache) cache = std::make_unique<KvCache>(shard_config_, message.num_blocks, message.block_size, *backend_);
     forward_device(message.input, *cache, pool);
@@ -355,8 +357,19 @@ void Model::follow(int64_t num_threads) {
 void Model::stop_followers() {
   if (!leading_) return;
   ForwardMessage message;
-  message.stop = true;
+  message.kind = ForwardMessage::Kind::kStop;
   broadcast_forward(*tp_.collective, 0, message);
+}
+
+bool Model::ping_followers(double quiet_s) {
+  if (!leading_) return false;
+  const auto now = std::chrono::steady_clock::now();
+  if (std::chrono::duration<double>(now - last_message_).count() < quiet_s) return false;
+  ForwardMessage message;
+  message.kind = ForwardMessage::Kind::kPing;
+  broadcast_forward(*tp_.collective, 0, message);
+  last_message_ = now;
+  return true;
 }
 
 }  // namespace ssd::model

@@ -8,6 +8,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -86,6 +87,11 @@ class Model {
   void lead(bool on);
   void follow(int64_t num_threads);
   void stop_followers();
+  /// Rank 0 leading: when nothing has been sent to the followers for
+  /// `quiet_s` seconds, sends them a ping (each waits for rank 0 only as long
+  /// as the group's timeout); true when it did. A rank that is gone makes it
+  /// throw, as a forward would.
+  bool ping_followers(double quiet_s);
 
  private:
   struct Layer {
@@ -120,6 +126,8 @@ class Model {
   bool row_bias_ = true;  ///< rank 0 adds the row-parallel products' biases
   TensorParallel tp_;
   bool leading_ = false;
+  /// When rank 0 last sent its followers a message (ping_followers).
+  mutable std::chrono::steady_clock::time_point last_message_ = std::chrono::steady_clock::now();
   std::unique_ptr<Backend> backend_;
   bool int8_activations_ = true;  ///< BackendOptions::int8_activations
   bool bf16_ = false;

@@ -53,13 +53,16 @@ void broadcast_forward(Collective& collective, int64_t rank, ForwardMessage& m) 
   auto* h = header.data_ptr<int64_t>();
   if (rank == 0) {
     const int64_t fields[ForwardMessage::kHeaderFields] = {
-        m.stop ? 1 : 0, m.cache_id, m.num_blocks, m.block_size, static_cast<int64_t>(in.tokens.size()),
+        static_cast<int64_t>(m.kind), m.cache_id, m.num_blocks, m.block_size, static_cast<int64_t>(in.tokens.size()),
         static_cast<int64_t>(in.block_tables.size()), in.max_blocks, in.matmul_min_rows};
     std::copy(fields, fields + ForwardMessage::kHeaderFields, h);
   }
   collective.broadcast(header);
-  m.stop = h[0] != 0;
-  if (m.stop) return;
+  if (h[0] < 0 || h[0] > static_cast<int64_t>(ForwardMessage::Kind::kPing))
+    throw std::runtime_error("tensor parallelism: a message of unknown kind " + std::to_string(h[0]) +
+                             " from rank 0 (the ranks run different versions?)");
+  m.kind = static_cast<ForwardMessage::Kind>(h[0]);
+  if (m.kind != ForwardMessage::Kind::kForward) return;
   m.cache_id = h[1];
   m.num_blocks = h[2];
   m.block_size = h[3];

@@ -75,7 +75,11 @@ ModelConfig shard_config(const ModelConfig& config, const ShardLayout& layout);
 /// header of kHeaderFields int64 then, for a forward, its int32 arrays.
 struct ForwardMessage {
   static constexpr int64_t kHeaderFields = 8;
-  bool stop = false;
+  /// A forward; the end of following (stop_followers); or nothing but a sign
+  /// that rank 0 is alive (ping_followers: a follower waits for rank 0 no
+  /// longer than the group's timeout, so an idle leader pings).
+  enum class Kind : int64_t { kForward = 0, kStop = 1, kPing = 2 };
+  Kind kind = Kind::kForward;
   int64_t cache_id = 0, num_blocks = 0, block_size = 0;
   ForwardInput input;  ///< logit_rows empty on a follower (only the leader reads logits)
 };

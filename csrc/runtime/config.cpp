@@ -228,6 +228,10 @@ void EngineConfig::validate(const TestingConfig& testing) const {
   threads("target_threads", target_threads);
   threads("draft_threads", draft_threads);
   positive("tensor_parallel_size", tensor_parallel_size);
+  if (!(tensor_parallel_timeout_s > 0) || !std::isfinite(tensor_parallel_timeout_s))
+    bad("tensor_parallel_timeout_s", "must be a number of seconds > 0, got " + std::to_string(tensor_parallel_timeout_s));
+  if (tensor_parallel_init != "spawn" && tensor_parallel_init != "env")
+    bad("tensor_parallel_init", "must be 'spawn' or 'env', got '" + tensor_parallel_init + "'");
   positive("k", k);
   if (k > 32) bad("k", "must be <= 32, got " + std::to_string(k));
   if (!fanout_list.empty()) {

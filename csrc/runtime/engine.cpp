@@ -84,6 +84,7 @@ class Engine::Impl {
     std::vector<RequestId> ids;
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) throw std::runtime_error("engine is shut down");
+    if (!failure_.empty()) throw std::runtime_error("engine failed: " + failure_);
     for (auto& seq : seqs) {
       seq->seed = seq->params.has_seed ? seq->params.seed : (uint64_t{seed_source_()} << 32) | seed_source_();
       seq->metrics.seed = seq->seed;
@@ -121,7 +122,7 @@ class Engine::Impl {
     if (thread_.joinable()) thread_.join();
     pool_.reset();  // no thread outlives shutdown
     if (speculator_) speculator_->stop();
-    if (config_.tensor_parallel_size > 1 && !followers_stopped_) {
+    if (config_.tensor_parallel_size > 1 && !followers_stopped_ && failure().empty()) {
       followers_stopped_ = true;
       try {  // a rank that is gone cannot be told; its process ends with its connection
         model_->stop_followers();
@@ -144,7 +145,42 @@ class Engine::Impl {
 
   const EngineConfig& config() const { return config_; }
 
+  std::string failure() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return failure_;
+  }
+
  private:
+  // A tensor-parallel target's followers wait for rank 0 no longer than the
+  // group's timeout: while the engine leads a working group, it wakes at
+  // least this often and pings them when no forward has.
+  bool leading() const { return config_.tensor_parallel_size > 1 && failure_.empty(); }  // mu_ held
+  double ping_interval_s() const { return config_.tensor_parallel_timeout_s / 4; }
+
+  void keep_followers(std::vector<Response>& responses) {
+    if (config_.tensor_parallel_size == 1 || !failure().empty()) return;
+    try {
+      model_->ping_followers(ping_interval_s());
+    } catch (const std::exception& e) {
+      fail(std::string("tensor parallelism: a rank is lost: ") + e.what(), responses);
+    }
+  }
+
+  // The ranks of a tensor-parallel target are out of step for good: every
+  // request known ends with `why`, and later ones are refused (queue).
+  void fail(const std::string& why, std::vector<Response>& responses) {
+    SSD_LOG_ERROR("engine failed: " << why << " (every request ends with an error; new ones are refused)");
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      failure_ = why;
+      for (auto& seq : inbox_) live_.emplace(seq->id, std::move(seq));
+      inbox_.clear();
+    }
+    std::vector<Sequence*> pending;
+    for (auto& [id, seq] : live_) pending.push_back(seq.get());
+    for (Sequence* seq : pending) finish(seq, FinishReason::kError, why, responses);
+  }
+
   bool stopping() const {
     std::lock_guard<std::mutex> lock(mu_);
     return stopping_;
@@ -203,7 +239,11 @@ class Engine::Impl {
       std::vector<RequestId> cancels;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        wake_.wait(lock, [this] { return stopping_ || !inbox_.empty() || !cancels_.empty() || !scheduler_->idle(); });
+        const auto ready = [this] { return stopping_ || !inbox_.empty() || !cancels_.empty() || !scheduler_->idle(); };
+        if (leading())
+          wake_.wait_for(lock, std::chrono::duration<double>(ping_interval_s()), ready);
+        else
+          wake_.wait(lock, ready);
         if (stopping_) break;
         incoming.swap(inbox_);
         cancels.swap(cancels_);
@@ -218,6 +258,7 @@ class Engine::Impl {
         if (it != live_.end()) finish(it->second.get(), FinishReason::kCancelled, "", responses);
       }
       step(responses);
+      keep_followers(responses);
       refresh_gauges();
       publish(std::move(responses));
     }
@@ -286,8 +327,13 @@ class Engine::Impl {
     try {
       logits = model_->forward_device(input, *cache_, *pool_);
     } catch (const std::exception& e) {
-      for (const auto& c : plan.chunks)
-        finish(c.seq, FinishReason::kError, std::string("forward failed: ") + e.what(), responses);
+      const std::string why = std::string("forward failed: ") + e.what();
+      // A tensor-parallel group's ranks may be out of step (one sent, another did not): nothing later
+      // can be trusted, so every request ends, not only this step's.
+      if (config_.tensor_parallel_size > 1)
+        fail("tensor parallelism: " + why, responses);
+      else
+        for (const auto& c : plan.chunks) finish(c.seq, FinishReason::kError, why, responses);
       if (speculator_) speculator_->flush();
       return;
     }
@@ -482,6 +528,7 @@ class Engine::Impl {
   std::vector<int32_t> eos_;
   int64_t vocab_ = 0;
   bool followers_stopped_ = false;
+  std::string failure_;  ///< why the engine failed (fail()); empty while it works (mu_)
   std::unique_ptr<model::KvCache> cache_;
   std::unique_ptr<runtime::Speculator> speculator_;  // null in mode "ar"
   std::unique_ptr<runtime::Scheduler> scheduler_;
@@ -520,6 +567,7 @@ std::vector<Response> Engine::await_responses(double timeout_s) { return impl_->
 void Engine::cancel(RequestId id) { impl_->cancel(id); }
 void Engine::shutdown() { impl_->shutdown(); }
 EngineStats Engine::stats() const { return impl_->stats(); }
+std::string Engine::failure() const { return impl_->failure(); }
 const EngineConfig& Engine::config() const { return impl_->config(); }
 
 }  // namespace ssd

@@ -156,6 +156,9 @@ class AsyncLLM:
     def stats(self) -> dict:
         return self.llm.stats()
 
+    def failure(self) -> str | None:
+        return self.llm.failure()
+
     def shutdown(self) -> None:
         self.llm.shutdown()
 

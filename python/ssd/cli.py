@@ -164,7 +164,7 @@ def serve_main(argv: list[str]) -> int:
         server.run()
     finally:
         llm.shutdown()
-    return 1 if server.forced else 0
+    return 1 if server.forced or server.failed else 0
 
 
 def tokenizer_main(argv: list[str]) -> int:

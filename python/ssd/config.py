@@ -118,7 +118,19 @@ class EngineConfig:
     MLP rows; docs/architecture.md#tensor-parallelism): ssd.LLM starts ranks
     1.. as worker processes on this machine (gloo), each with target_threads
     threads; rank 0, this process, schedules, samples and runs the draft.
-    The target must be a path then (the workers load it too). CPU only for now.
+    The target must be a path then (the workers load it too).
+    tensor_parallel_timeout_s (default 60): how long a rank waits for the
+    others inside a step, and a follower for rank 0 between steps (an idle
+    engine pings its followers every quarter of it): a rank that hangs ends
+    every request with an error within this time (one that dies, at once),
+    and the engine fails (LLM.failure(); ssd serve exits 1).
+    tensor_parallel_init: "spawn" (the default: ssd.LLM starts ranks 1.. on
+    this machine) or "env": every rank is started by the user, torchrun or
+    by hand on each machine, and reads RANK, WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT and LOCAL_RANK (rank r runs on target_device's GPU plus
+    LOCAL_RANK); on ranks 1.. ``LLM(...)`` follows rank 0 and exits the
+    process when rank 0 shuts down (docs/architecture.md#tensor-parallelism).
+    On GPUs the ranks talk over NCCL, on CPUs over gloo.
     """
 
     mode: str = "ar"
@@ -146,6 +158,8 @@ class EngineConfig:
     backend: str = "auto"
     adaptive: bool = True
     tensor_parallel_size: int = 1
+    tensor_parallel_timeout_s: float = 60.0
+    tensor_parallel_init: str = "spawn"
 
     def __post_init__(self):
         if isinstance(self.fanout, str):

@@ -10,6 +10,7 @@ import atexit
 import dataclasses
 import numbers
 import queue
+import sys
 import threading
 import weakref
 from typing import Iterator, Sequence
@@ -99,11 +100,11 @@ class LLM:
         if draft is not None:
             models.loader.check_same_tokenizer(target, draft)  # before any weights load
         self.model = load(target, config.dtype)
-        self.draft_model = None if draft is None else load(draft, config.draft_dtype or config.dtype)
         int8 = config.quant_activations == "int8"
-        self._workers = None
-        tensor_parallel = self._start_workers(config, int8) if config.tensor_parallel_size > 1 else None
+        self._workers = self._group = self._store = None
+        tensor_parallel = self._tensor_parallel(config, int8) if config.tensor_parallel_size > 1 else None
         try:
+            self.draft_model = None if draft is None else load(draft, config.draft_dtype or config.dtype)
             self._build(config, int8, tensor_parallel, testing)
         except BaseException:
             if self._workers is not None:
@@ -111,23 +112,35 @@ class LLM:
             raise
         _running.add(self)
 
-    def _start_workers(self, config: EngineConfig, int8: bool) -> tuple:
-        """Ranks 1.. of the target as processes; this one joins as rank 0 (ssd.distributed)."""
-        from ssd.distributed import GlooGroup, WorkerProcesses
+    def _tensor_parallel(self, config: EngineConfig, int8: bool) -> tuple:
+        """This process's membership of the target's group, as rank 0 (ssd.distributed): with "spawn" it
+        starts ranks 1.. as processes; with "env" the user started every rank, and on ranks 1.. this follows
+        rank 0 and then exits the process (status 0 once rank 0 shuts down, 1 when the group fails)."""
+        from ssd import distributed
 
-        if config.target_device != "cpu":
-            raise ValueError(f"tensor_parallel_size: runs on the CPU for now, not target_device "
-                             f"{config.target_device!r}")
-        size = config.tensor_parallel_size
-        store = GlooGroup.host(size)
-        self._workers = WorkerProcesses(self.model.source, size, store.port, dtype=config.dtype,
-                                        device=config.target_device, backend=config.backend,
-                                        int8_activations=int8, threads=config.target_threads)
-        try:
-            self._group = GlooGroup.join("127.0.0.1", store.port, 0, size, store=store)
-        except BaseException:
-            self._workers.kill()
-            raise
+        size, timeout = config.tensor_parallel_size, config.tensor_parallel_timeout_s
+        if config.tensor_parallel_init == "env":
+            rank, world, local_rank = distributed.env_ranks()
+            if world != size:
+                raise ValueError(f"tensor_parallel_size {size} differs from WORLD_SIZE {world}")
+            store = distributed.env_store(rank, size, timeout)
+            if rank != 0:
+                try:
+                    distributed.follow(self.model, store, rank, size,
+                                       device=distributed.rank_device(config.target_device, local_rank),
+                                       backend=config.backend, int8_activations=int8,
+                                       threads=config.target_threads, timeout_s=timeout)
+                except Exception as e:
+                    print(f"ssd tensor-parallel rank {rank}: {e}", file=sys.stderr)
+                    raise SystemExit(1)
+                raise SystemExit(0)
+        else:
+            store = distributed.host_store(size, timeout)
+            self._workers = distributed.WorkerProcesses(
+                self.model.source, size, store.port, dtype=config.dtype, device=config.target_device,
+                backend=config.backend, int8_activations=int8, threads=config.target_threads, timeout_s=timeout)
+        self._store = store
+        self._group = distributed.RankGroup(0, size, config.target_device, timeout)
         return self._group.spec()
 
     def _build(self, config: EngineConfig, int8: bool, tensor_parallel, testing) -> None:
@@ -137,6 +150,12 @@ class LLM:
                                      int8_activations=int8, tensor_parallel=tensor_parallel)
         self._target_core = core
         self.model.weights.clear()  # the core holds its own (fused) copies
+        if self._group is not None:  # the followers build their shards meanwhile
+            from ssd.distributed import wait_ready
+
+            wait_ready(self._store, config.tensor_parallel_size,
+                       check=self._workers.check if self._workers is not None else None)
+            self._group.join(self._store)
         draft_core = None
         if self.draft_model is not None:
             draft_core = self.draft_model.core_model(config.draft_device, config.backend,
@@ -289,6 +308,18 @@ class LLM:
         """Cancels every request in flight (they end with finish_reason "cancelled")."""
         self._dispatcher.cancel_all()
 
+    def failure(self) -> str | None:
+        """Why this engine can no longer generate, or None while it can: a tensor-parallel rank that is
+        gone or hung (every request then ends with finish_reason "error" and new ones raise RuntimeError).
+        ``ssd serve`` reports it on /health and exits."""
+        why = self._engine.failure()
+        if why:
+            return why
+        if self._workers is not None and not self._closed:
+            for rank, status in self._workers.failed():
+                return f"tensor parallelism: rank {rank} exited with status {status}"
+        return None
+
     def stats(self) -> dict:
         stats = dict(self._engine.stats())
         if self.config.tensor_parallel_size > 1:
@@ -307,10 +338,13 @@ class LLM:
             if self._closed:
                 return
             self._closed = True
-            engine.shutdown()  # a tensor-parallel engine stops its followers
+            engine.shutdown()  # a tensor-parallel engine stops its followers (unless the group failed)
             self._dispatcher.close()
             if self._workers is not None:
-                self._workers.close()
+                if engine.failure():  # nothing told them to stop
+                    self._workers.kill()
+                else:
+                    self._workers.close()
         _logging.forward(self._core)
 
     def __enter__(self):

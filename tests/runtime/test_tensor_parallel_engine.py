@@ -14,25 +14,18 @@ import random
 import signal
 import time
 
-import psutil
 import pytest
 
 from ssd import LLM, SamplingParams
+from tests.reference.processes import assert_gone, tensor_parallel_workers
 
 
 def greedy(n):
     return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
 
 
-def assert_gone(pids, wait_s=10.0):
-    deadline = time.monotonic() + wait_s
-    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
-        assert time.monotonic() < deadline, f"worker processes left behind: {pids}"
-        time.sleep(0.1)
-
-
 def workers_of_this_process():
-    return [c for c in psutil.Process().children(recursive=True) if "ssd.distributed" in " ".join(c.cmdline())]
+    return tensor_parallel_workers()
 
 
 def test_greedy_sd_and_ssd_equal_ar_at_two_ranks(pair):

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from ssd.assets import smollm2_gguf_path
+from tests.reference.processes import assert_gone, tensor_parallel_workers
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="signals as on Linux")
 
@@ -110,6 +111,38 @@ def test_the_drain_deadline_cancels_what_is_left(serve_factory):
     assert reason == "abort" and 0 < tokens < 450, (reason, tokens)
     assert srv.proc.wait(60) == 0, srv.proc.stdout.read()
     assert time.monotonic() - t0 < 30
+
+
+def test_a_lost_tensor_parallel_rank_ends_requests_and_exits_1(serve_factory):
+    """ssd serve --tensor-parallel-size 2 answers the openai client; a killed worker ends the running
+    request with an error, /health turns to "failed", and the server exits 1 leaving no process."""
+    import openai
+
+    srv = serve_factory("--tensor-parallel-size", "2", "--kv-cache-gib", "0.25")
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    r = c.completions.create(model="smollm2", prompt="Once upon a time", max_tokens=8, temperature=0)
+    assert r.usage.completion_tokens == 8 and r.choices[0].text
+    workers = tensor_parallel_workers(srv.proc.pid)
+    assert len(workers) == 1
+    cm, lines, _ = _stream_until_first_chunk(srv.url, 450)
+    workers[0].kill()
+    t0 = time.monotonic()
+    events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    cm.__exit__(None, None, None)
+    errors = [e["error"]["message"] for e in events if "error" in e]
+    assert errors and "tensor parallelism" in errors[0], events[-3:]
+    health = []
+    while srv.proc.poll() is None and time.monotonic() - t0 < 30:
+        try:
+            r = httpx.get(srv.url + "/health", timeout=1)
+            health.append((r.status_code, r.json()["status"]))
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    assert srv.proc.wait(30) == 1
+    assert all(h == (503, "failed") for h in health), health
+    assert "the engine failed" in srv.proc.stdout.read()
+    assert_gone([w.pid for w in workers])
 
 
 def test_serve_takes_every_engine_field():

@@ -348,3 +348,28 @@ def test_api_key(ar_served):
         c = openai.OpenAI(base_url=srv.url + "/v1", api_key="sekrit", max_retries=0)
         assert [m.id for m in c.models.list()] == [MODEL]
         assert httpx.get(srv.url + "/health").status_code == 200  # health needs no key
+
+
+def test_a_failed_engine_is_unhealthy_and_stops_the_server(ar_served):
+    """LLM.failure() (a lost tensor-parallel rank): /health says so at once, and the server exits with
+    ``failed`` set (ssd serve then exits 1)."""
+    llm, _, _ = ar_served
+
+    class Failing(AsyncLLM):
+        why = None
+
+        def failure(self):
+            return self.why
+
+    engine = Failing(llm)
+    srv = ServerThread(ServerState(engine, model_name=MODEL, max_in_flight=8))
+    try:
+        assert httpx.get(srv.url + "/health").status_code == 200
+        engine.why = f"tensor parallelism: rank 1 exited with status -9 (loaded from {llm.model.source})"
+        r = httpx.get(srv.url + "/health")
+        assert r.status_code == 503 and r.json() == {
+            "status": "failed", "error": f"tensor parallelism: rank 1 exited with status -9 (loaded from {MODEL})"}
+        srv.thread.join(10)
+        assert not srv.thread.is_alive() and srv.server.failed and not srv.server.forced
+    finally:
+        srv.stop()

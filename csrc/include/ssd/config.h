@@ -146,6 +146,15 @@ struct EngineConfig {
   /// engine leads it (the other ranks follow its forwards) and stops the
   /// followers at shutdown. ssd.LLM starts those ranks as processes.
   int64_t tensor_parallel_size = 1;
+  /// How long a rank waits for the others inside a step (and a follower for
+  /// rank 0 between steps) before the group counts as failed: a hung rank
+  /// ends every request with an error within this time. An idle engine pings
+  /// its followers every quarter of it.
+  double tensor_parallel_timeout_s = 60.0;
+  /// How the ranks meet (ssd.LLM): "spawn" (it starts ranks 1.. on this
+  /// machine) or "env" (each rank is started by the user, e.g. torchrun, and
+  /// reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+  std::string tensor_parallel_init = "spawn";
 
   void validate() const;
   /// The same, against testing.fake_devices (when set) instead of this machine.

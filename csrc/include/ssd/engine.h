@@ -46,6 +46,12 @@ class Engine {
   /// Stops the engine thread; pending requests finish with kCancelled.
   void shutdown();
   EngineStats stats() const;
+  /// Why the engine has failed, or "" while it works. Only a tensor-parallel
+  /// target fails the engine (a rank lost or hung past
+  /// tensor_parallel_timeout_s, or any forward error: the ranks may be out of
+  /// step): every request ends with finish reason "error" and this message,
+  /// and enqueue throws std::runtime_error from then on.
+  std::string failure() const;
   const EngineConfig& config() const;
 
  private:

@@ -55,3 +55,4 @@ constexpr size_t kQueueCapacity = 4096;
 #define SSD_LOG_DEBUG(stream_expr) SSD_LOG(::ssd::log::Level::kDebug, stream_expr)
 #define SSD_LOG_INFO(stream_expr) SSD_LOG(::ssd::log::Level::kInfo, stream_expr)
 #define SSD_LOG_WARNING(stream_expr) SSD_LOG(::ssd::log::Level::kWarning, stream_expr)
+#define SSD_LOG_ERROR(stream_expr) SSD_LOG(::ssd::log::Level::kError, stream_expr)

@@ -68,6 +68,11 @@ class ServerState:
             message = message.replace(path, self.model_name)
         return message
 
+    def failure(self) -> str | None:
+        """Why the engine can no longer generate (a lost tensor-parallel rank), or None."""
+        failure = getattr(self.engine, "failure", None)
+        return failure() if failure is not None else None
+
     def cut_body_reads(self) -> None:
         for cut in list(self.body_cuts):
             cut()
@@ -344,6 +349,9 @@ def build_app(state: ServerState) -> Guard:
 
     @app.get("/health")
     async def health():
+        failure = state.failure()
+        if failure:
+            return JSONResponse({"status": "failed", "error": state.public(failure)}, status_code=503)
         if state.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
         return {"status": "ok"}

@@ -7,6 +7,11 @@ finish_reason "abort", unfinished bodies get 503), and the server exits:
 ``run()`` returns, within ``drain_s`` plus at most ``_FINAL_S`` and uvicorn's
 ``_CLOSE_S``. A second signal exits at once: requests are cancelled, nothing
 is waited for, and ``forced`` is set (``ssd serve`` then exits 1, else 0).
+
+An engine that fails (a tensor-parallel rank lost: ``LLM.failure()``) ends
+every request with an error; within ``_FAILURE_WATCH_S`` the server notices,
+/health says "failed" (503, at once), and it exits as after a drain's
+deadline with ``failed`` set (``ssd serve`` exits 1).
 """
 from __future__ import annotations
 
@@ -26,6 +31,8 @@ log = logging.getLogger("ssd.serve")
 
 # How often the hit-rate watch looks (it judges windows of HitRateWatch.window_s).
 _WATCH_EVERY_S = 5.0
+# How often the server asks whether the engine has failed.
+_FAILURE_WATCH_S = 0.5
 # After a drain's deadline: how long cancelled requests have to send their last chunks, and how long
 # uvicorn then waits for connections to close before it cancels what is left.
 _FINAL_S = 2.0
@@ -39,14 +46,16 @@ class DrainingServer(uvicorn.Server):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._draining = False
         self.forced = False
+        self.failed = False
 
     async def serve(self, sockets=None):
         self._loop = asyncio.get_running_loop()
-        watch = asyncio.ensure_future(self._watch_hit_rate())
+        watches = [asyncio.ensure_future(self._watch_hit_rate()), asyncio.ensure_future(self._watch_failure())]
         try:
             await super().serve(sockets)
         finally:
-            watch.cancel()
+            for w in watches:
+                w.cancel()
 
     def handle_exit(self, sig, frame):
         """The signal handler uvicorn installs (SIGINT, SIGTERM): the first drains, a second exits at once.
@@ -66,12 +75,13 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = self.force_exit = True
         self._loop.call_soon_threadsafe(self.state.engine.abort_all)
 
-    async def drain(self) -> None:
+    async def drain(self, drain_s: float | None = None) -> None:
         """Stops admitting, waits for running requests and bodies up to drain_s, cancels the rest, then exits."""
         state = self.state
         state.draining = True
-        log.info("draining: %d requests in flight, up to %.0f s", state.in_flight, self.drain_s)
-        deadline = time.monotonic() + self.drain_s
+        drain_s = self.drain_s if drain_s is None else drain_s
+        log.info("draining: %d requests in flight, up to %.0f s", state.in_flight, drain_s)
+        deadline = time.monotonic() + drain_s
         while self._busy() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         if self._busy():
@@ -85,6 +95,18 @@ class DrainingServer(uvicorn.Server):
 
     def _busy(self) -> bool:
         return self.state.in_flight > 0 or self.state.http_active > 0
+
+    async def _watch_failure(self) -> None:
+        while True:
+            await asyncio.sleep(_FAILURE_WATCH_S)
+            failure = self.state.failure()
+            if failure:
+                break
+        log.error("the engine failed: %s; exiting", failure)
+        self.failed = True
+        self._draining = True
+        # Its requests have ended with an error already: what is left is sending them.
+        await self.drain(drain_s=_FINAL_S)
 
     async def _watch_hit_rate(self) -> None:
         while True:
