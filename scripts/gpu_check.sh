@@ -83,7 +83,7 @@ SANITIZED_FILES=(tests/kernels tests/model/test_backend_steps.py tests/runtime/t
 if [ $CPU -eq 1 ]; then
   # install.sh built the extension in build/py-<python>-torch<version>: this is the same
   # command, so the same folder, incremental.
-  step build 190 "$PY" -m pip install -q --no-deps --no-build-isolation .
+  step build 180 "$PY" -m pip install -q --no-deps --no-build-isolation .
   step tests 80 bash -c "'$PY' -m pytest -q -p no:cacheprovider tests/model/test_backend_steps.py \
       tests/runtime/test_placement.py 'tests/runtime/test_device_round.py::test_greedy_equals_ar' && \
       '$PY' -m pytest -q -p no:cacheprovider --collect-only -m cuda -k '$NOT_THERE and not law' \
