@@ -335,6 +335,8 @@ void Model::lead(bool on) {
     throw std::logic_error("only rank 0 of a tensor-parallel group leads (this is rank " + std::to_string(tp_.rank) +
                            " of " + std::to_string(tp_.size) + ")");
   leading_ = on;
+  // The followers have heard nothing yet: the first ping_followers sends at once.
+  if (on) last_message_ = std::chrono::steady_clock::now() - std::chrono::hours(1);
 }
 
 void Model::follow(int64_t num_threads) {

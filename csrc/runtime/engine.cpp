@@ -234,6 +234,11 @@ class Engine::Impl {
   void loop() {
     // The target's forwards and rounds run on its own stream.
     const std::shared_ptr<void> stream = model_->backend().thread_scope();
+    {  // the followers have waited for rank 0 since they joined the group
+      std::vector<Response> responses;
+      keep_followers(responses);
+      publish(std::move(responses));
+    }
     for (;;) {
       std::vector<std::unique_ptr<Sequence>> incoming;
       std::vector<RequestId> cancels;

@@ -121,9 +121,10 @@ class EngineConfig:
     The target must be a path then (the workers load it too).
     tensor_parallel_timeout_s (default 60): how long a rank waits for the
     others inside a step, and a follower for rank 0 between steps (an idle
-    engine pings its followers every quarter of it): a rank that hangs ends
-    every request with an error within this time (one that dies, at once),
-    and the engine fails (LLM.failure(); ssd serve exits 1).
+    engine pings its followers every quarter of it): over gloo a rank that
+    hangs ends every request with an error within this time (one that dies,
+    at once), and the engine fails (LLM.failure(); ssd serve exits 1); over
+    NCCL, NCCL's watchdog aborts the processes after it.
     tensor_parallel_init: "spawn" (the default: ssd.LLM starts ranks 1.. on
     this machine) or "env": every rank is started by the user, torchrun or
     by hand on each machine, and reads RANK, WORLD_SIZE, MASTER_ADDR,

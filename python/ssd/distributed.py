@@ -21,15 +21,18 @@ forward's input sent from rank 0.
     LOCAL_RANK (``env_store``); rank 0 hosts the store at MASTER_ADDR:MASTER_PORT
     (or torchrun's agent does).
 
-  Either way, each follower loads the model and builds its shard, says so in
-  the store, then joins the group and follows; rank 0 waits for every
-  follower to be ready (``wait_ready``, up to ``LOAD_TIMEOUT_S``) and joins.
+  Either way, every rank loads the model and builds its shard, says so in
+  the store (``announce_ready``), waits for all the others to have done so
+  (``wait_ready``, up to ``LOAD_TIMEOUT_S``: ranks may load at different
+  speeds) and only then joins the group, so joining waits for no one's load.
 
 Timeouts (every wait has an exit): reaching the store, and every collective,
 wait at most ``EngineConfig.tensor_parallel_timeout_s``; a follower waits for
 rank 0 no longer than that either, so an idle engine pings its followers
-(csrc/runtime/engine.cpp). A rank that is gone makes the others' collectives
-raise at once; one that hangs, after the timeout.
+(csrc/runtime/engine.cpp). Over gloo, a rank that is gone makes the others'
+collectives raise at once, one that hangs after the timeout. Over NCCL a
+collective does not block the host and NCCL's watchdog handles both after the
+timeout: it aborts the processes.
 """
 from __future__ import annotations
 
@@ -105,12 +108,14 @@ def rank_device(device: str, offset: int) -> str:
 
 # ------------------------------------------------------------------ stores
 def host_store(size: int, timeout_s: float, addr: str = "127.0.0.1", port: int = 0):
-    """Rank 0's store (the others connect to it); port 0: a free one (the store's ``.port``)."""
+    """Rank 0's store (the others connect to it); port 0: a free one (the store's ``.port``). Rank 0
+    connects to it at ``addr`` too: an address that is not this machine's is an error after about twice
+    ``timeout_s``. Shared with a ``torch.distributed`` group of the same program (multi-tenant)."""
     import torch.distributed as dist
 
     try:
         return dist.TCPStore(addr, port, size, True, timeout=datetime.timedelta(seconds=timeout_s),
-                             wait_for_workers=False)
+                             wait_for_workers=False, multi_tenant=True)
     except (RuntimeError, OSError) as e:
         raise RuntimeError(f"tensor parallelism: cannot host the ranks' store on {addr}:{port}: {e}") from e
 
@@ -157,15 +162,16 @@ def env_store(rank: int, size: int, timeout_s: float, environ=None):
 
 
 def announce_ready(store, rank: int) -> None:
-    """A follower: its shard is built; it joins the group next."""
+    """This rank's shard is built; it joins the group once every rank has said so (``wait_ready``)."""
     _prefixed(store).set(f"ready/{rank}", "1")
 
 
-def wait_ready(store, size: int, timeout_s: float = LOAD_TIMEOUT_S, check: Callable[[], None] | None = None) -> None:
-    """Rank 0: waits until ranks 1.. have announced themselves; ``check()`` (raising) is called while it waits
-    (a local worker that died). RuntimeError naming the ranks missing after ``timeout_s``."""
+def wait_ready(store, rank: int, size: int, timeout_s: float = LOAD_TIMEOUT_S,
+               check: Callable[[], None] | None = None) -> None:
+    """Waits until every other rank has announced itself; ``check()`` (raising) is called while it waits
+    (rank 0: a local worker that died). RuntimeError naming the ranks missing after ``timeout_s``."""
     store = _prefixed(store)
-    waiting = [f"ready/{r}" for r in range(1, size)]
+    waiting = [f"ready/{r}" for r in range(size) if r != rank]
     deadline = time.monotonic() + timeout_s
     while waiting:
         if check is not None:
@@ -190,8 +196,9 @@ class RankGroup:
     """One rank's membership of a process group of ``size`` ranks: gloo when ``device`` is the CPU, NCCL on a
     GPU. ``spec()`` may be handed to ``core_model`` before ``join``; the collectives need the group joined.
 
-    Joining waits up to ``timeout_s`` for every rank to join, and so does every collective; a rank that is
-    gone makes the others' collectives raise at once.
+    gloo: joining waits up to ``timeout_s`` for every rank to join, and so does every collective; a rank
+    that is gone makes the others' collectives raise at once. NCCL connects at the first collective, and its
+    watchdog aborts the process when one takes longer than ``timeout_s``.
     """
 
     def __init__(self, rank: int, size: int, device: str, timeout_s: float):
@@ -253,6 +260,7 @@ def follow(loaded, store, rank: int, size: int, *, device: str, backend: str, in
     loaded.weights.clear()
     release_freed_memory()
     announce_ready(store, rank)
+    wait_ready(store, rank, size)
     group.join(store)
     core.follow(threads)
 
@@ -298,9 +306,11 @@ class WorkerProcesses:
                                "is on stderr above)")
 
     def close(self, wait_s: float = EXIT_WAIT_S) -> None:
+        """Waits up to ``wait_s`` in all for the workers to exit, then kills the rest."""
+        deadline = time.monotonic() + wait_s
         for p in self.procs:
             try:
-                p.wait(timeout=wait_s)
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()

@@ -99,9 +99,11 @@ class LLM:
 
         if draft is not None:
             models.loader.check_same_tokenizer(target, draft)  # before any weights load
-        self.model = load(target, config.dtype)
-        int8 = config.quant_activations == "int8"
         self._workers = self._group = self._store = None
+        int8 = config.quant_activations == "int8"
+        if config.tensor_parallel_size > 1 and config.tensor_parallel_init == "env":
+            self._store = self._env_store(config)  # before loading: the other ranks connect meanwhile
+        self.model = load(target, config.dtype)
         tensor_parallel = self._tensor_parallel(config, int8) if config.tensor_parallel_size > 1 else None
         try:
             self.draft_model = None if draft is None else load(draft, config.draft_dtype or config.dtype)
@@ -112,6 +114,16 @@ class LLM:
             raise
         _running.add(self)
 
+    def _env_store(self, config: EngineConfig):
+        """"env": (rank, local rank) from the environment and the store every rank meets at."""
+        from ssd import distributed
+
+        rank, world, local_rank = distributed.env_ranks()
+        if world != config.tensor_parallel_size:
+            raise ValueError(f"tensor_parallel_size {config.tensor_parallel_size} differs from WORLD_SIZE {world}")
+        self._env_rank = rank, local_rank
+        return distributed.env_store(rank, world, config.tensor_parallel_timeout_s)
+
     def _tensor_parallel(self, config: EngineConfig, int8: bool) -> tuple:
         """This process's membership of the target's group, as rank 0 (ssd.distributed): with "spawn" it
         starts ranks 1.. as processes; with "env" the user started every rank, and on ranks 1.. this follows
@@ -120,10 +132,7 @@ class LLM:
 
         size, timeout = config.tensor_parallel_size, config.tensor_parallel_timeout_s
         if config.tensor_parallel_init == "env":
-            rank, world, local_rank = distributed.env_ranks()
-            if world != size:
-                raise ValueError(f"tensor_parallel_size {size} differs from WORLD_SIZE {world}")
-            store = distributed.env_store(rank, size, timeout)
+            (rank, local_rank), store = self._env_rank, self._store
             if rank != 0:
                 try:
                     distributed.follow(self.model, store, rank, size,
@@ -150,18 +159,19 @@ class LLM:
                                      int8_activations=int8, tensor_parallel=tensor_parallel)
         self._target_core = core
         self.model.weights.clear()  # the core holds its own (fused) copies
-        if self._group is not None:  # the followers build their shards meanwhile
-            from ssd.distributed import wait_ready
-
-            wait_ready(self._store, config.tensor_parallel_size,
-                       check=self._workers.check if self._workers is not None else None)
-            self._group.join(self._store)
         draft_core = None
         if self.draft_model is not None:
             draft_core = self.draft_model.core_model(config.draft_device, config.backend,
                                                      batch_invariant=config.batch_invariant, int8_activations=int8)
             self.draft_model.weights.clear()
         release_freed_memory()  # the loaders' temporaries (a GGUF reader's metadata, fused parts)
+        if self._group is not None:  # the followers build their shards meanwhile; the engine pings them at once
+            from ssd.distributed import announce_ready, wait_ready
+
+            announce_ready(self._store, 0)
+            wait_ready(self._store, 0, config.tensor_parallel_size,
+                       check=self._workers.check if self._workers is not None else None)
+            self._group.join(self._store)
         try:
             self._engine = _C.Engine(config.to_dict(), core, list(self.model.eos_token_ids), draft_core,
                                      testing.to_dict() if testing is not None else {})
@@ -341,7 +351,7 @@ class LLM:
             engine.shutdown()  # a tensor-parallel engine stops its followers (unless the group failed)
             self._dispatcher.close()
             if self._workers is not None:
-                if engine.failure():  # nothing told them to stop
+                if engine.failure() or self._workers.failed():  # some were not told to stop
                     self._workers.kill()
                 else:
                     self._workers.close()

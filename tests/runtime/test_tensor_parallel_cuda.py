@@ -4,7 +4,8 @@ tensor_parallel step; skipped with fewer than two GPUs).
 Checked: greedy ar over a target split across two GPUs gives the tokens the unsplit target gives on
 one (the partial sums' order changes the logits by about 1e-6 of the largest here, which leaves this
 model's greedy choices alone), greedy sd at two ranks gives ar's, the collectives are counted, and
-a killed worker fails the engine with every request ended with an error.
+shutdown leaves no worker. (A lost rank is NCCL's watchdog's to handle, after the timeout: it aborts
+the processes, so it is not tested here.)
 """
 from __future__ import annotations
 
@@ -37,11 +38,6 @@ def test_two_gpus_give_one_gpus_tokens(pair):
     with LLM(target, draft=draft, mode="sd", target_device="cuda:0", draft_device="cuda:0", k=3, adaptive=False,
              tensor_parallel_size=2, max_model_len=128) as sd:
         assert [o.token_ids for o in sd.generate(prompts, greedy(24))] == want
-        worker = sd._workers.procs[0]
-        pids.append(worker.pid)
-        worker.kill()
-        worker.wait(30)
-        out = sd.generate([[1, 2, 3]], greedy(4))[0]
-        assert out.finish_reason == "error" and sd.failure()
+        pids += [p.pid for p in sd._workers.procs]
     assert_gone(pids)
     assert not tensor_parallel_workers()

@@ -45,9 +45,9 @@ def test_idle_followers_outlive_the_timeout(pair):
     """A follower waits for rank 0 no longer than the timeout: idle for three of them, it still follows
     because the engine pings it."""
     target, _ = pair
-    with LLM(target, tensor_parallel_size=2, tensor_parallel_timeout_s=1.0, max_model_len=64) as llm:
+    with LLM(target, tensor_parallel_size=2, tensor_parallel_timeout_s=2.0, max_model_len=64) as llm:
         first = llm.generate([[1, 2, 3]], greedy(6))[0].token_ids
-        time.sleep(3.5)
+        time.sleep(6.5)
         assert llm.failure() is None
         again = llm.generate([[1, 2, 3]], greedy(6))[0]
         assert again.finish_reason == "length" and again.token_ids == first
@@ -103,16 +103,36 @@ def test_a_worker_dying_mid_generation_ends_every_request(pair):
 
 def test_an_idle_engine_notices_a_dead_worker(pair):
     target, _ = pair
-    with LLM(target, tensor_parallel_size=2, tensor_parallel_timeout_s=1.0, max_model_len=64) as llm:
+    with LLM(target, tensor_parallel_size=2, tensor_parallel_timeout_s=3.0, max_model_len=64) as llm:
         llm.generate([[1, 2, 3]], greedy(2))
         worker = llm._workers.procs[0]
         worker.kill()
         worker.wait(10)
-        assert "rank 1 exited" in llm.failure()
+        # the exit itself, or the engine's failed ping if that came first
+        assert "rank 1 exited" in llm.failure() or "tensor parallelism" in llm.failure()
         deadline = time.monotonic() + 5  # the engine's own ping fails within a quarter of the timeout
         while not llm._engine.failure():
             assert time.monotonic() < deadline, "the engine did not notice the dead rank"
             time.sleep(0.05)
+    assert not tensor_parallel_workers()
+
+
+def test_ranks_loading_at_different_speeds_still_meet(pair, monkeypatch):
+    """Rank 0 takes three timeouts longer than its worker to build its shard: the worker waits for it
+    (up to LOAD_TIMEOUT_S), not only the group's timeout, and the first ping reaches it in time."""
+    from ssd.models import LoadedModel
+
+    target, _ = pair
+    build = LoadedModel.core_model
+
+    def slow_build(self, *args, **kwargs):  # this process only: the worker builds at its own speed
+        time.sleep(3.0)
+        return build(self, *args, **kwargs)
+
+    monkeypatch.setattr(LoadedModel, "core_model", slow_build)
+    with LLM(target, tensor_parallel_size=2, tensor_parallel_timeout_s=1.0, max_model_len=64) as llm:
+        out = llm.generate([[1, 2, 3]], greedy(4))[0]
+        assert out.finish_reason == "length" and llm.failure() is None
     assert not tensor_parallel_workers()
 
 
