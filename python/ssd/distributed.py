@@ -249,20 +249,27 @@ class RankGroup:
 
 
 def follow(loaded, store, rank: int, size: int, *, device: str, backend: str, int8_activations: bool,
-           threads: int, timeout_s: float) -> None:
-    """Ranks 1..: builds this rank's shard of ``loaded`` (a ``LoadedModel``), announces it, joins the group
-    and runs rank 0's forwards until rank 0 stops it. Raises when the group fails (rank 0 gone, or silent
-    for ``timeout_s``)."""
+           threads: int, timeout_s: float) -> int:
+    """Ranks 1..: builds this rank's shard of ``loaded`` (a ``LoadedModel``, or a callable returning one,
+    so that a failed load is reported like the rest), announces it, joins the group and runs rank 0's forwards until rank 0
+    stops it. Returns the process's exit status: 0 then, 1 when the group fails (rank 0 gone, or silent for
+    ``timeout_s``), with the reason on stderr."""
     from ssd.models.core import release_freed_memory
 
-    group = RankGroup(rank, size, device, timeout_s)
-    core = loaded.core_model(device, backend, int8_activations=int8_activations, tensor_parallel=group.spec())
-    loaded.weights.clear()
-    release_freed_memory()
-    announce_ready(store, rank)
-    wait_ready(store, rank, size)
-    group.join(store)
-    core.follow(threads)
+    try:
+        loaded = loaded() if callable(loaded) else loaded
+        group = RankGroup(rank, size, device, timeout_s)
+        core = loaded.core_model(device, backend, int8_activations=int8_activations, tensor_parallel=group.spec())
+        loaded.weights.clear()
+        release_freed_memory()
+        announce_ready(store, rank)
+        wait_ready(store, rank, size)
+        group.join(store)
+        core.follow(threads)
+    except Exception as e:  # one line: rank 0 (or torchrun) reports the exit status
+        print(f"ssd tensor-parallel rank {rank}: {e}", file=sys.stderr)
+        return 1
+    return 0
 
 
 # ----------------------------------------------------------------- workers
@@ -341,13 +348,12 @@ def worker_main(argv: list[str] | None = None) -> int:
 
     try:
         store = connect_store(args.addr, args.port, args.rank, args.size, args.timeout)
-        follow(models.load(args.model, dtype=args.dtype), store, args.rank, args.size, device=args.device,
-               backend=args.backend, int8_activations=not args.float_activations, threads=args.threads,
-               timeout_s=args.timeout)
-    except Exception as e:  # one line: rank 0 reports the exit status
+    except RuntimeError as e:
         print(f"ssd tensor-parallel rank {args.rank}: {e}", file=sys.stderr)
         return 1
-    return 0
+    return follow(lambda: models.load(args.model, dtype=args.dtype), store, args.rank, args.size,
+                  device=args.device, backend=args.backend, int8_activations=not args.float_activations,
+                  threads=args.threads, timeout_s=args.timeout)
 
 
 if __name__ == "__main__":

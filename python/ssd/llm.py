@@ -10,7 +10,6 @@ import atexit
 import dataclasses
 import numbers
 import queue
-import sys
 import threading
 import weakref
 from typing import Iterator, Sequence
@@ -132,23 +131,16 @@ class LLM:
 
         size, timeout = config.tensor_parallel_size, config.tensor_parallel_timeout_s
         if config.tensor_parallel_init == "env":
-            (rank, local_rank), store = self._env_rank, self._store
+            rank, local_rank = self._env_rank
             if rank != 0:
-                try:
-                    distributed.follow(self.model, store, rank, size,
-                                       device=distributed.rank_device(config.target_device, local_rank),
-                                       backend=config.backend, int8_activations=int8,
-                                       threads=config.target_threads, timeout_s=timeout)
-                except Exception as e:
-                    print(f"ssd tensor-parallel rank {rank}: {e}", file=sys.stderr)
-                    raise SystemExit(1)
-                raise SystemExit(0)
+                raise SystemExit(distributed.follow(
+                    self.model, self._store, rank, size, device=distributed.rank_device(config.target_device, local_rank),
+                    backend=config.backend, int8_activations=int8, threads=config.target_threads, timeout_s=timeout))
         else:
-            store = distributed.host_store(size, timeout)
+            self._store = distributed.host_store(size, timeout)
             self._workers = distributed.WorkerProcesses(
-                self.model.source, size, store.port, dtype=config.dtype, device=config.target_device,
+                self.model.source, size, self._store.port, dtype=config.dtype, device=config.target_device,
                 backend=config.backend, int8_activations=int8, threads=config.target_threads, timeout_s=timeout)
-        self._store = store
         self._group = distributed.RankGroup(0, size, config.target_device, timeout)
         return self._group.spec()
 

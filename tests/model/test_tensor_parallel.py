@@ -11,7 +11,6 @@ same alone or in a batch, each rank's weight bytes, and the refusals.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ import torch
 
 import ssd.models
 from ssd import _C
+from tests.reference.processes import free_port
 from tests.reference.tiny_models import TinySpec, build_tiny_model, random_tokens
 
 REPO = Path(__file__).resolve().parents[2]
@@ -225,12 +225,6 @@ def test_unsplittable_blocks_are_named(tmp_path):
     with pytest.raises(ValueError, match=r"o_proj.weight' in q8_0 cannot be split between tensor-parallel ranks at "
                                          r"columns 0..48: its blocks hold 32 weights"):
         loaded.core_model("cpu", "cpu", tensor_parallel=ThreadGroup(2).spec(0))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_processes_over_gloo(models, tmp_path):

@@ -1,9 +1,17 @@
 """Helpers for tests that start processes: waiting for them to be gone, and finding tensor-parallel workers."""
 from __future__ import annotations
 
+import socket
 import time
 
 import psutil
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listened on a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def assert_gone(pids, wait_s: float = 10.0) -> None:

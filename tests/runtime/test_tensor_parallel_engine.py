@@ -24,10 +24,6 @@ def greedy(n):
     return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
 
 
-def workers_of_this_process():
-    return tensor_parallel_workers()
-
-
 def test_greedy_sd_and_ssd_equal_ar_at_two_ranks(pair):
     target, draft = pair  # 4 KV heads: 2 each; intermediate 96: 64 and 32 rows
     rng = random.Random(4)
@@ -55,7 +51,7 @@ def test_greedy_sd_and_ssd_equal_ar_at_two_ranks(pair):
             assert stats["draft_tokens_accepted"] > 0 if proposer is target else stats["draft_tokens_proposed"] > 0
             assert got == want, (mode, name)
     assert_gone(pids)
-    assert not workers_of_this_process()
+    assert not tensor_parallel_workers()
 
 
 def test_a_group_larger_than_the_kv_heads_is_refused(pair):
@@ -63,7 +59,7 @@ def test_a_group_larger_than_the_kv_heads_is_refused(pair):
     with pytest.raises(ValueError, match="tensor_parallel_size 5 is larger than the model's 4 KV heads"):
         LLM(target, tensor_parallel_size=5, max_model_len=64)
     deadline = time.monotonic() + 10
-    while workers_of_this_process():
+    while tensor_parallel_workers():
         assert time.monotonic() < deadline, "worker processes left behind"
         time.sleep(0.1)
 
@@ -80,7 +76,7 @@ def test_a_killed_worker_ends_the_next_request_with_an_error(pair):
         out = llm.generate([[4, 5, 6]], greedy(4))[0]
         assert out.finish_reason == "error"
         assert time.monotonic() - start < 30
-    assert not workers_of_this_process()
+    assert not tensor_parallel_workers()
 
 
 def test_served_at_two_ranks_answers_the_openai_client():
@@ -101,7 +97,7 @@ def test_served_at_two_ranks_answers_the_openai_client():
             assert r.choices[0].text == want.text and r.usage.completion_tokens == 12
     finally:
         llm.shutdown()
-    assert not workers_of_this_process()
+    assert not tensor_parallel_workers()
 
 
 def test_ssd_output_law_at_two_ranks(small_pair):

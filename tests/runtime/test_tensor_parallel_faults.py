@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from ssd import LLM, SamplingParams
-from tests.reference.processes import assert_gone, tensor_parallel_workers
+from tests.reference.processes import assert_gone, free_port, tensor_parallel_workers
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="signals and process deaths as on Linux")
 
@@ -33,12 +33,6 @@ REPO = Path(__file__).resolve().parents[2]
 
 def greedy(n):
     return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_idle_followers_outlive_the_timeout(pair):

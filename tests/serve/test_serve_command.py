@@ -13,20 +13,14 @@ import httpx
 import pytest
 
 from ssd.assets import smollm2_gguf_path
-from tests.reference.processes import assert_gone, tensor_parallel_workers
+from tests.reference.processes import assert_gone, free_port, tensor_parallel_workers
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="signals as on Linux")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Served:
     def __init__(self, *args):
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ssd.cli", "serve", str(smollm2_gguf_path()), "--port", str(self.port),

@@ -69,7 +69,7 @@ def run_ssd(job: dict) -> dict:
         res = _timed_runs(job, generate_once, own_pids=[p.pid for p in llm._workers.procs])
         after = llm.stats()
         calls = after["tensor_parallel_collectives"] - before["tensor_parallel_collectives"]
-        forwards = calls / (2 * llm.model.config.num_layers)  # two all-gathers per layer and forward
+        forwards = after["steps"] - before["steps"]  # one target forward per engine step (ar)
         res["collectives_per_forward"] = calls / forwards if forwards else None
         res["collective_ms_per_forward"] = ((after["tensor_parallel_collective_s"]
                                              - before["tensor_parallel_collective_s"]) / forwards * 1e3
