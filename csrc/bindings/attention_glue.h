@@ -173,4 +173,25 @@ void fill_cache_params(Params& p, const at::Tensor& q, const at::Tensor& k_cache
   p.scale = static_cast<float>(scale);
 }
 
+/// The CUDA kernels' split workspace (the split_* fields of
+/// kernels/cuda/paged_attention.h) for p.num_heads heads of p.head_dim, as
+/// tensors on `options`' device, allocated on the current stream (the
+/// kernels' stream: freeing them after the launch is stream-ordered); fills
+/// p. Nothing is allocated when max_splits is 1.
+template <typename Params>
+std::vector<at::Tensor> split_workspace(Params& p, int64_t num_queries, int64_t max_splits,
+                                        const at::TensorOptions& options) {
+  p.max_splits = max_splits;
+  if (max_splits <= 1) return {};
+  const int64_t rows = num_queries * max_splits * p.num_heads;
+  std::vector<at::Tensor> buffers{at::empty({rows, p.head_dim}, options.dtype(at::kFloat)),
+                                  at::empty({2, rows}, options.dtype(at::kFloat)),
+                                  at::empty({num_queries}, options.dtype(at::kInt))};
+  p.split_partial = buffers[0].data_ptr<float>();
+  p.split_max = buffers[1].data_ptr<float>();
+  p.split_denom = p.split_max + rows;
+  p.split_count = buffers[2].data_ptr<int32_t>();
+  return buffers;
+}
+
 }  // namespace ssd::attention

@@ -50,9 +50,13 @@ void fork_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, const at
       path_k.size(1),
       path_len.data_ptr<int32_t>(),
       static_cast<float>(scale)};
-  const std::vector<kernels::RowRun> runs = kernels::fork_attention_runs(params);
-  attention::run_units(static_cast<int64_t>(runs.size()) * k_cache.size(2), keys * q.size(1) * q.size(2),
-                       [&](int64_t begin, int64_t end) { kernels::fork_attention_units(params, runs, begin, end); });
+  kernels::AttentionPlan plan = kernels::fork_attention_plan(params);
+  attention::run_units(plan.num_units(k_cache.size(2)), keys * q.size(1) * q.size(2),
+                       [&](int64_t begin, int64_t end) { kernels::fork_attention_units(params, plan, begin, end); });
+  if (plan.needs_combine)
+    attention::run_units(q.size(0), q.size(0) * q.size(1) * q.size(2), [&](int64_t begin, int64_t end) {
+      kernels::attention_combine(plan, params.out, params.ldo, params.num_heads, params.kv.head_dim, begin, end);
+    });
 }
 
 }  // namespace

@@ -8,7 +8,11 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "../kernels/cuda/fork_attention.h"
+#include "../kernels/key_splits.h"
 #include "attention_glue.h"
 
 namespace ssd {
@@ -31,6 +35,11 @@ void fork_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const a
   p.path_v = path_v.data_ptr<float>();
   p.max_path = path_k.size(1);
   p.path_len = path_len.data_ptr<int32_t>();
+  // The most splits any branch's keys span (a sync: this op is for tests).
+  const at::Tensor keys = (prefix_len.to(at::kLong) + path_len.to(at::kLong)).to(at::kCPU);
+  const int64_t max_keys = keys.numel() > 0 ? keys.max().item<int64_t>() : 0;
+  const std::vector<at::Tensor> workspace =
+      attention::split_workspace(p, p.num_branches, std::max<int64_t>(1, kernels::key_splits(0, max_keys)), q.options());
   const cudaError_t err = kernels::cuda::fork_attention(p, at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "fork_attention CUDA kernel: ", cudaGetErrorString(err));
 }

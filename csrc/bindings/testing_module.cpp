@@ -376,6 +376,15 @@ class BackendSteps {
 
   std::string name() const { return backend_->name(); }
 
+  // fn() called while this thread holds the backend's thread_scope of `role`.
+  py::object in_thread_scope(const std::string& role, const py::function& fn) {
+    if (role != "target" && role != "draft")
+      throw std::invalid_argument("role must be 'target' or 'draft', got '" + role + "'");
+    const std::shared_ptr<void> scope =
+        backend_->thread_scope(role == "target" ? model::StreamRole::target : model::StreamRole::draft);
+    return fn();
+  }
+
   at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                     bool bf16, int64_t matmul_min_rows) {
     check_rows(x, weight.size(1), "linear: x");
@@ -493,6 +502,9 @@ void bind_backend_steps(py::module_& m) {
       .def(py::init<const std::string&, const std::string&, bool>(), py::arg("device") = "cpu",
            py::arg("backend") = "auto", py::arg("batch_invariant") = true)
       .def_property_readonly("name", &BackendSteps::name)
+      .def("in_thread_scope", &BackendSteps::in_thread_scope, py::arg("role"), py::arg("fn"),
+           "fn() called while this thread drives the backend in `role` ('target' or 'draft'; "
+           "Backend::thread_scope): on the cuda backend that role's stream is the current one.")
       .def("linear", &BackendSteps::linear, py::arg("x"), py::arg("weight"), py::arg("bias") = py::none(),
            py::arg("bf16") = false, py::arg("matmul_min_rows") = 0,
            "y [m, n] = x [m, k] @ weight [n, k]^T + bias, the weight stored in bf16 or fp32.")

@@ -75,6 +75,13 @@ struct DeviceBatch {
 
 /// What a step may use besides its tensors: the caller's CPU thread pool (the
 /// cpu backend) and the forward's options.
+/// The part a thread plays in driving a model (Backend::thread_scope): on a
+/// GPU the target's stream runs at a higher priority than the draft's, so a
+/// draft sharing the target's GPU fills the gaps of the target's verify rather
+/// than delaying it. One loaded model may play both roles (a model drafting
+/// for itself), so the priority belongs to the role, not to the model.
+enum class StreamRole { target, draft };
+
 struct StepContext {
   kernels::ThreadPool& pool;
   int64_t matmul_min_rows = 0;
@@ -144,14 +151,20 @@ class Backend {
   virtual void finish_loading() const {}
 
   // ---- one forward
-  /// Held for the whole forward (the cuda backend: its device and stream,
-  /// ordered after the caller's stream on entry and before it on exit).
+  /// Held for the whole forward (the cuda backend: its device and the stream
+  /// of the calling thread's role, ordered after the caller's stream on entry
+  /// and before it on exit).
   virtual std::shared_ptr<void> forward_scope() const { return nullptr; }
-  /// Held by a thread that drives this model for its whole life (the engine's
-  /// loop, the ssd draft worker): the model's stream becomes the thread's
-  /// current stream, so its forwards and rounds never join the legacy default
-  /// stream or another model's stream. Null where there are no streams.
-  virtual std::shared_ptr<void> thread_scope() const { return nullptr; }
+  /// Held by a thread that drives this model for its whole life in `role`
+  /// (the engine's loop: target; the ssd draft worker: draft): the model's
+  /// stream of that role becomes the thread's current stream, so its forwards
+  /// and rounds never join the legacy default stream or another model's
+  /// stream. A thread holding none runs the model on its draft-role stream.
+  /// Null where there are no streams.
+  virtual std::shared_ptr<void> thread_scope(StreamRole role) const {
+    (void)role;
+    return nullptr;
+  }
   /// Waits for the backend's queued work (tests of single steps).
   virtual void synchronize() const {}
   virtual DeviceBatch upload(const ForwardInput& in) const;

@@ -3,7 +3,7 @@
 // (kernels/cuda: linear, rms_norm, paged_attention) or where one kernel
 // replaces a dozen small launches (rope_kv_write); the draft's KV copies
 // between slots run kv_commit's kernel. Weights and the KV cache
-// live on the device; each model runs on its own stream; a forward crosses to
+// live on the device; each model runs on its own streams (one per StreamRole); a forward crosses to
 // the host only for its index arrays (one copy in) and its logit rows (one
 // copy out).
 #include <memory>
@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "../bindings/attention_glue.h"
 #include "../bindings/fork_select_args.h"
 #include "../bindings/gumbel_top_args.h"
 #include "../kernels/cuda/fork_select.h"
@@ -35,6 +36,7 @@
 #include "../kernels/cuda/rope_kv_write.h"
 #include "../kernels/cuda/saguaro_sample.h"
 #include "../kernels/cuda/verify.h"
+#include "../kernels/key_splits.h"
 #include "backend_aten.h"
 #include "kv_cache.h"
 #include "round_params.h"
@@ -49,8 +51,13 @@ void check_launch(cudaError_t err, const char* step) {
 
 class CudaBackend final : public AtenBackend {
  public:
+  // Two streams per model, one per role (StreamRole): the target's at the
+  // device's highest priority, the draft's at the default one.
   CudaBackend(at::Device device, const BackendOptions& options)
-      : AtenBackend(device), options_(options), stream_(c10::cuda::getStreamFromPool(false, device.index())) {}
+      : AtenBackend(device),
+        options_(options),
+        target_stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index())),
+        draft_stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index())) {}
 
   std::string name() const override { return "cuda"; }
 
@@ -62,22 +69,25 @@ class CudaBackend final : public AtenBackend {
     return m;
   }
 
-  // The model's stream, after whatever the caller's stream has queued (the
-  // weights and the KV cache were written there); on leaving, the caller's
-  // stream waits for the model's.
+  // The stream of the calling thread's role, after whatever the caller's
+  // stream has queued (the weights and the KV cache were written there); on
+  // leaving, the caller's stream waits for the role's.
   std::shared_ptr<void> forward_scope() const override {
     class Scope {
      public:
-      Scope(at::Device device, c10::cuda::CUDAStream stream)
-          : guard_(device), stream_(stream), caller_(c10::cuda::getCurrentCUDAStream(device.index())) {
-        at::cuda::CUDAEvent queued;
-        queued.record(caller_);
-        queued.block(stream_);
-        c10::cuda::setCurrentCUDAStream(stream_);
+      Scope(at::Device device, c10::cuda::CUDAStream stream, c10::cuda::CUDAStream caller)
+          : guard_(device), stream_(stream), caller_(caller) {
+        if (caller_ != stream_) {
+          at::cuda::CUDAEvent queued;
+          queued.record(caller_);
+          queued.block(stream_);
+          c10::cuda::setCurrentCUDAStream(stream_);
+        }
       }
       // Runs while a CUDA error unwinds the forward, so it must not throw:
       // the raw calls, their errors left to the exception already in flight.
       ~Scope() {
+        if (caller_ == stream_) return;
         cudaEvent_t done = nullptr;
         if (cudaEventCreateWithFlags(&done, cudaEventDisableTiming) == cudaSuccess) {
           (void)cudaEventRecord(done, stream_.stream());
@@ -91,28 +101,30 @@ class CudaBackend final : public AtenBackend {
       c10::cuda::CUDAGuard guard_;
       c10::cuda::CUDAStream stream_, caller_;
     };
-    return std::make_shared<Scope>(device_, stream_);
+    const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(device_.index());
+    return std::make_shared<Scope>(device_, role_stream(caller), caller);
   }
 
-  void synchronize() const override { stream_.synchronize(); }
-
-  // The weights were written on the constructing thread's stream: the
-  // model's stream waits for them once (an event, no host wait).
-  void finish_loading() const override {
-    c10::cuda::CUDAGuard guard(device_);
-    at::cuda::CUDAEvent loaded;
-    loaded.record(c10::cuda::getCurrentCUDAStream(device_.index()));
-    loaded.block(stream_);
+  void synchronize() const override {
+    target_stream_.synchronize();
+    draft_stream_.synchronize();
   }
 
-  std::shared_ptr<void> thread_scope() const override {
-    return std::make_shared<c10::cuda::CUDAStreamGuard>(stream_);
+  // The weights were written on the constructing thread's stream: both role
+  // streams wait for them once (an event, no host wait).
+  void finish_loading() const override { after_current_stream(); }
+
+  std::shared_ptr<void> thread_scope(StreamRole role) const override {
+    return std::make_shared<c10::cuda::CUDAStreamGuard>(role == StreamRole::target ? target_stream_ : draft_stream_);
   }
 
-  // Zeroed on the model's stream, so its first forward is ordered after the memset.
+  // Zeroed on the caller's stream, which both role streams then wait for, so
+  // a forward in either role is ordered after the memset.
   at::Tensor kv_storage(const std::vector<int64_t>& sizes) const override {
-    c10::cuda::CUDAStreamGuard guard(stream_);
-    return at::zeros(sizes, at::TensorOptions().dtype(at::kFloat).device(device_));
+    c10::cuda::CUDAGuard guard(device_);
+    at::Tensor storage = at::zeros(sizes, at::TensorOptions().dtype(at::kFloat).device(device_));
+    after_current_stream();
+    return storage;
   }
 
   // ---- the round's steps: the kernels/cuda twins, on the model's stream.
@@ -272,6 +284,12 @@ class CudaBackend final : public AtenBackend {
     p.positions = b.positions.data_ptr<int32_t>();
     p.scale = scale;
     p.window = window;
+    int64_t max_splits = 1;  // the most splits of the key range a query spans
+    for (const int32_t pos : b.host->positions) {
+      const int64_t n = int64_t{pos} + 1;
+      max_splits = std::max(max_splits, kernels::key_splits(window > 0 ? std::max<int64_t>(0, n - window) : 0, n));
+    }
+    const std::vector<at::Tensor> workspace = attention::split_workspace(p, p.num_tokens, max_splits, q.options());
     check_launch(kernels::cuda::paged_attention(p, stream()), "paged_attention");
     return out;
   }
@@ -311,10 +329,29 @@ class CudaBackend final : public AtenBackend {
   }
 
  private:
-  cudaStream_t stream() const { return stream_.stream(); }
+  // Called inside forward_scope (or a step's own guard): the role stream the
+  // scope made current, or the draft's for a step called outside any scope.
+  cudaStream_t stream() const {
+    return role_stream(c10::cuda::getCurrentCUDAStream(device_.index())).stream();
+  }
+
+  // `current` when it is one of this model's role streams (a thread_scope or
+  // forward_scope holds it), else the draft role's.
+  c10::cuda::CUDAStream role_stream(c10::cuda::CUDAStream current) const {
+    return current == target_stream_ ? target_stream_ : draft_stream_;
+  }
+
+  // Both role streams wait for what the current stream has queued.
+  void after_current_stream() const {
+    c10::cuda::CUDAGuard guard(device_);
+    at::cuda::CUDAEvent queued;
+    queued.record(c10::cuda::getCurrentCUDAStream(device_.index()));
+    queued.block(target_stream_);
+    queued.block(draft_stream_);
+  }
 
   BackendOptions options_;
-  c10::cuda::CUDAStream stream_;
+  c10::cuda::CUDAStream target_stream_, draft_stream_;
 };
 
 }  // namespace

@@ -233,7 +233,7 @@ class Engine::Impl {
 
   void loop() {
     // The target's forwards and rounds run on its own stream.
-    const std::shared_ptr<void> stream = model_->backend().thread_scope();
+    const std::shared_ptr<void> stream = model_->backend().thread_scope(model::StreamRole::target);
     {  // the followers have waited for rank 0 since they joined the group
       std::vector<Response> responses;
       keep_followers(responses);

@@ -147,7 +147,7 @@ void SsdDraftWorker::stats(DraftCounters& counters, DraftGauges& gauges) const {
 
 void SsdDraftWorker::loop() {
   // The draft's forwards run on its own stream, never joining the target's.
-  const std::shared_ptr<void> stream = model_->backend().thread_scope();
+  const std::shared_ptr<void> stream = model_->backend().thread_scope(model::StreamRole::draft);
   std::string ended = "stopped";
   for (;;) {
     std::vector<SpecMessage> messages;

@@ -82,6 +82,51 @@ def test_row_independent_of_batch_and_threads():
         assert torch.equal(alone[0], batched[t]), f"token {t}"
 
 
+def make_long_inputs(seed: int = 5):
+    """Queries whose keys span many splits of 256 (kernels/cpu/attention_splits.h):
+    a 5-token verify chunk at 1095..1099 and single queries at the split
+    edges 255, 256, 511, 512 of a 1100-token sequence, a decode at 699 of a
+    700-token one and at 0, tokens interleaved."""
+    g = torch.Generator().manual_seed(seed)
+    k_cache, v_cache, tables = random_paged_cache([1100, 700], 16, NUM_KV_HEADS, 64, g)
+    positions = torch.tensor([1095, 1096, 1097, 1098, 1099, 255, 256, 511, 512, 699, 0], dtype=torch.int32)
+    seq_of_token = torch.tensor([0] * 9 + [1, 1], dtype=torch.int32)
+    order = torch.randperm(len(positions), generator=g)
+    q = torch.randn(len(positions), NUM_KV_HEADS * 4, 64, generator=g)
+    out = torch.full_like(q, float("nan"))
+    return q, k_cache, v_cache, tables, seq_of_token[order], positions[order], 64**-0.5, out
+
+
+@pytest.mark.parametrize("window", [0, 300, 256])
+def test_keys_over_many_splits_match_reference(window):
+    """Queries over up to five splits of the key range (combined partial
+    results), with and without a sliding window whose first key falls
+    inside a split, agree with the dense float64 reference."""
+    args = make_long_inputs()
+    torch.ops.ssd.paged_attention(*args, window)
+    ref = paged_attention_ref(*args[:-1], window=window)
+    torch.testing.assert_close(args[-1], ref.float(), atol=2e-5, rtol=1e-5)
+
+
+def test_split_rows_independent_of_batch_chunk_and_threads():
+    """A query whose keys span several splits has the same bits alone, inside
+    its verify chunk, inside the batch, and on one thread: the splits sit at
+    fixed key positions and are combined in a fixed order."""
+    q, k_cache, v_cache, tables, seq_of_token, positions, scale, out = args = make_long_inputs(seed=6)
+    batched = run(args).clone()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(run(args), batched)
+    finally:
+        torch.set_num_threads(threads)
+    for t in range(q.shape[0]):
+        alone = torch.empty_like(q[t : t + 1])
+        torch.ops.ssd.paged_attention(q[t : t + 1], k_cache, v_cache, tables, seq_of_token[t : t + 1],
+                                      positions[t : t + 1], scale, alone)
+        assert torch.equal(alone[0], batched[t]), f"token {t} at position {int(positions[t])}"
+
+
 def test_opcheck():
     q, k_cache, v_cache, tables, seq_of_token, positions, scale, out = make_inputs(4, 64, 16)
     keep = slice(0, 24)
@@ -132,3 +177,23 @@ def test_cuda_row_independent_of_batch():
         torch.ops.ssd.paged_attention(q[t : t + 1], k_cache, v_cache, tables, seq_of_token[t : t + 1],
                                       positions[t : t + 1], scale, alone)
         assert torch.equal(alone[0], batched[t]), f"token {t}"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("window", [0, 300])
+def test_cuda_splits_match_cpu_and_are_batch_invariant(window):
+    """Queries over up to five splits: the CUDA kernel's partial results and
+    their combine agree with the CPU's, and each query has the same bits alone
+    as in the batch."""
+    args = make_long_inputs(seed=8)
+    torch.ops.ssd.paged_attention(*args, window)
+    expected = args[-1].clone()
+    cuda_args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
+    torch.ops.ssd.paged_attention(*cuda_args, window)
+    q, k_cache, v_cache, tables, seq_of_token, positions, scale, out = cuda_args
+    torch.testing.assert_close(out.cpu(), expected, atol=1e-5, rtol=1e-5)
+    for t in range(q.shape[0]):
+        alone = torch.empty_like(q[t : t + 1])
+        torch.ops.ssd.paged_attention(q[t : t + 1], k_cache, v_cache, tables, seq_of_token[t : t + 1],
+                                      positions[t : t + 1], scale, alone, window)
+        assert torch.equal(alone[0], out[t]), f"token {t} at position {int(positions[t])}"

@@ -87,6 +87,35 @@ def test_unknown_device_and_backend_are_refused():
         _C.testing.BackendSteps("cpu", "cuda")
 
 
+def test_thread_scope_runs_its_function_and_refuses_unknown_roles(oracle):
+    assert oracle.in_thread_scope("target", lambda: 7) == 7
+    with pytest.raises(ValueError, match="role must be 'target' or 'draft', got 'verifier'"):
+        oracle.in_thread_scope("verifier", lambda: 7)
+
+
+@pytest.mark.cuda
+def test_target_role_streams_outrank_the_draft_roles(oracle):
+    """A model's target role runs on a stream of higher priority (a lower
+    number) than its draft role, neither of them the caller's stream, which is
+    current again afterwards; a step inside either role still computes the
+    oracle's product."""
+    steps = _C.testing.BackendSteps("cuda")
+    outer = torch.cuda.current_stream()
+    target = steps.in_thread_scope("target", torch.cuda.current_stream)
+    draft = steps.in_thread_scope("draft", torch.cuda.current_stream)
+    assert torch.cuda.current_stream() == outer
+    assert outer not in (target, draft) and target != draft
+    least, greatest = torch.cuda.Stream.priority_range()
+    assert greatest < least, f"this device has one stream priority ({least})"
+    assert target.priority < draft.priority, (target.priority, draft.priority)
+    # The same stream every time a thread takes the role.
+    assert steps.in_thread_scope("target", torch.cuda.current_stream) == target
+    x, w = _data(9, 64, seed=31), _data(24, 64, seed=32)
+    for role in ("target", "draft"):
+        got = steps.in_thread_scope(role, lambda: steps.linear(x, w).cpu())
+        torch.testing.assert_close(got, oracle.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
 ATTENTION_HEAD_DIMS = [16, 64]  # 64: the cuda backend's own kernel; 16: its fallback
 
 

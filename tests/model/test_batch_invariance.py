@@ -194,6 +194,21 @@ def test_decode_matches_prefill(tiny, block_size, num_threads):
     assert torch.equal(got, tiny.reference(tokens))
 
 
+@pytest.mark.parametrize("num_threads", [1, 2])
+def test_long_sequence_decode_and_chunks_match_prefill(tiny_fp32, num_threads):
+    """Past one split of the key range (256 keys, kernels/cpu/attention_splits.h):
+    a 600-token sequence decoded token by token after a 250-token prefill, and
+    in verify-sized chunks, gives the rows of its one-pass prefill bitwise."""
+    tokens = random_tokens(600, tiny_fp32.vocab, seed=77)
+    want = tiny_fp32.reference(tokens)
+    for sizes in ([1], [5, 1, 16, 3]):
+        runner = tiny_fp32.runner(16, num_threads, capacity_tokens=600)
+        seq = runner.add_sequence()
+        head = runner.extend([(seq, tokens[:250])], True)
+        tail = _score_in_chunks(runner, seq, _chunks(tokens[250:], sizes))
+        assert torch.equal(torch.cat([head, tail]), want), f"chunks {sizes}"
+
+
 @pytest.mark.parametrize("chunk", [3, 5, 7])
 @pytest.mark.parametrize("block_size,num_threads", [(1, 2), (16, 1)])
 def test_chunks_on_cached_prefix_match_prefill(tiny, chunk, block_size, num_threads):

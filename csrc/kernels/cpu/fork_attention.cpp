@@ -4,19 +4,25 @@
 
 namespace ssd::kernels {
 
-std::vector<RowRun> fork_attention_runs(const ForkAttentionParams& p) {
-  return same_sequence_runs(p.branch_seq, p.num_branches, kMaxSharedBranches);
+AttentionPlan fork_attention_plan(const ForkAttentionParams& p) {
+  std::vector<int64_t> first(static_cast<size_t>(p.num_branches), 0), end(first);
+  for (int64_t n = 0; n < p.num_branches; ++n) end[n] = int64_t{p.prefix_len[n]} + p.path_len[n];
+  return attention_plan(same_sequence_runs(p.branch_seq, p.num_branches, kMaxSharedBranches), first, end,
+                        p.num_heads, p.kv.head_dim);
 }
 
-void fork_attention_units(const ForkAttentionParams& p, const std::vector<RowRun>& runs, int64_t begin,
-                          int64_t end) {
-  SSD_ON_ACTIVE_ISA(fork_attention_units(p, runs, begin, end))
+void fork_attention_units(const ForkAttentionParams& p, AttentionPlan& plan, int64_t begin, int64_t end) {
+  SSD_ON_ACTIVE_ISA(fork_attention_units(p, plan, begin, end))
 }
 
 void fork_attention(const ForkAttentionParams& params, ThreadPool& pool) {
-  const std::vector<RowRun> runs = fork_attention_runs(params);
-  pool.parallel_for(static_cast<int64_t>(runs.size()) * params.kv.num_kv_heads, 1,
-                    [&](int64_t begin, int64_t end) { fork_attention_units(params, runs, begin, end); });
+  AttentionPlan plan = fork_attention_plan(params);
+  pool.parallel_for(plan.num_units(params.kv.num_kv_heads), 1,
+                    [&](int64_t begin, int64_t end) { fork_attention_units(params, plan, begin, end); });
+  if (plan.needs_combine)
+    pool.parallel_for(params.num_branches, 1, [&](int64_t begin, int64_t end) {
+      attention_combine(plan, params.out, params.ldo, params.num_heads, params.kv.head_dim, begin, end);
+    });
 }
 
 }  // namespace ssd::kernels

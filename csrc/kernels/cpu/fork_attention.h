@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "attention_splits.h"
 #include "ops.h"
 #include "row_runs.h"
 #include "thread_pool.h"
@@ -36,15 +37,15 @@ struct ForkAttentionParams {
 /// branches of one sequence, at most this many.
 constexpr int64_t kMaxSharedBranches = 16;
 
-/// The runs of params.branch_seq that fork_attention_units works on.
-std::vector<RowRun> fork_attention_runs(const ForkAttentionParams& params);
+/// The runs (of at most kMaxSharedBranches branches), pieces and partial
+/// rows of a call (attention_splits.h); a branch's keys are its prefix
+/// positions then its path slots, split at the same key indices as paged
+/// attention's.
+AttentionPlan fork_attention_plan(const ForkAttentionParams& params);
 
-/// Computes units [begin, end) of runs.size() * num_kv_heads units; unit u is
-/// run u / num_kv_heads with all query heads of kv head u % num_kv_heads.
-/// Units are independent, and a branch's result does not depend on its run:
-/// any split or grouping gives bitwise the same output.
-void fork_attention_units(const ForkAttentionParams& params, const std::vector<RowRun>& runs, int64_t begin,
-                          int64_t end);
+/// Computes units [begin, end) of plan.num_units(num_kv_heads) (as
+/// paged_attention_units); then attention_combine where plan.needs_combine.
+void fork_attention_units(const ForkAttentionParams& params, AttentionPlan& plan, int64_t begin, int64_t end);
 
 /// All branches, split over the pool. Kept for the GPU tree; the runtime
 /// does not call it yet (its draft tree decodes branches as paged paths).

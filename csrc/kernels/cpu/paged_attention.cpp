@@ -1,5 +1,6 @@
 #include "paged_attention.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "isa.h"
@@ -19,13 +20,20 @@ void kv_write(const PagedKv& kv, const float* k, const float* v, int64_t ld, int
   }
 }
 
-std::vector<RowRun> paged_attention_runs(const PagedAttentionParams& p) {
-  return same_sequence_runs(p.seq_of_token, p.tokens, kMaxSharedRows);
+AttentionPlan paged_attention_plan(const PagedAttentionParams& p) {
+  std::vector<int64_t> first(static_cast<size_t>(p.tokens), 0), end(first);
+  for (int64_t t = 0; t < p.tokens; ++t) {
+    const int32_t* table = p.block_tables + p.seq_of_token[t] * p.max_blocks;
+    if (table[p.positions[t] / p.kv.block_size] < 0) continue;  // padding: no keys
+    end[t] = p.positions[t] + 1;
+    first[t] = p.window > 0 ? std::max<int64_t>(0, end[t] - p.window) : 0;
+  }
+  return attention_plan(same_sequence_runs(p.seq_of_token, p.tokens, kMaxSharedRows), first, end, p.num_heads,
+                        p.kv.head_dim);
 }
 
-void paged_attention_units(const PagedAttentionParams& p, const std::vector<RowRun>& runs, int64_t begin,
-                           int64_t end) {
-  SSD_ON_ACTIVE_ISA(paged_attention_units(p, runs, begin, end))
+void paged_attention_units(const PagedAttentionParams& p, AttentionPlan& plan, int64_t begin, int64_t end) {
+  SSD_ON_ACTIVE_ISA(paged_attention_units(p, plan, begin, end))
 }
 
 void paged_attention(const PagedKv& kv, const float* q, int64_t ldq, float* out, int64_t ldo,
@@ -34,9 +42,12 @@ void paged_attention(const PagedKv& kv, const float* q, int64_t ldq, float* out,
                      float scale, int64_t window, ThreadPool& pool) {
   const PagedAttentionParams params{kv, q, ldq, out, ldo, tokens, num_heads, seq_of_token, positions,
                                     block_tables, max_blocks, scale, window};
-  const std::vector<RowRun> runs = paged_attention_runs(params);
-  pool.parallel_for(static_cast<int64_t>(runs.size()) * kv.num_kv_heads, 1,
-                    [&](int64_t begin, int64_t end) { paged_attention_units(params, runs, begin, end); });
+  AttentionPlan plan = paged_attention_plan(params);
+  pool.parallel_for(plan.num_units(kv.num_kv_heads), 1,
+                    [&](int64_t begin, int64_t end) { paged_attention_units(params, plan, begin, end); });
+  if (plan.needs_combine)
+    pool.parallel_for(tokens, 1,
+                      [&](int64_t begin, int64_t end) { attention_combine(plan, out, ldo, num_heads, kv.head_dim, begin, end); });
 }
 
 }  // namespace ssd::kernels

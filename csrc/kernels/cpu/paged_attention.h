@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "attention_splits.h"
 #include "ops.h"
 #include "row_runs.h"
 
@@ -31,14 +32,14 @@ struct PagedAttentionParams {
 /// tokens of one sequence (a prefill or verify chunk), at most this many.
 constexpr int64_t kMaxSharedRows = 16;
 
-/// The runs of params.seq_of_token that paged_attention_units works on.
-std::vector<RowRun> paged_attention_runs(const PagedAttentionParams& params);
+/// The runs (of at most kMaxSharedRows tokens), pieces and partial rows of a
+/// call (attention_splits.h; host work, no attention).
+AttentionPlan paged_attention_plan(const PagedAttentionParams& params);
 
-/// Computes units [begin, end) of runs.size() * num_kv_heads units; unit u is
-/// run u / num_kv_heads with all query heads of kv head u % num_kv_heads.
-/// Units are independent, and a query's result does not depend on its run:
-/// any split or grouping gives bitwise the same output.
-void paged_attention_units(const PagedAttentionParams& params, const std::vector<RowRun>& runs, int64_t begin,
-                           int64_t end);
+/// Computes units [begin, end) of plan.num_units(num_kv_heads). Units are
+/// independent, and a query's result does not depend on its run: any split
+/// or grouping of units gives bitwise the same output.
+/// Then attention_combine over the tokens where plan.needs_combine.
+void paged_attention_units(const PagedAttentionParams& params, AttentionPlan& plan, int64_t begin, int64_t end);
 
 }  // namespace ssd::kernels

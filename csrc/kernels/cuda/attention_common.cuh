@@ -1,8 +1,10 @@
 // The attention loop shared by the paged and fork attention kernels.
 //
 // One thread block per (query row, kv head, chunk of up to kMaxGroup query
-// heads of that kv head's GQA group), so each K/V row is read once for the
-// heads that share it. The keys of a row are cut into tiles of 32 (one key per
+// heads of that kv head's GQA group, split of kSplitKeys keys), so each K/V
+// row is read once for the heads that share it, and a long context is spread
+// over many blocks (splits at fixed key indices, merged in split order by
+// combine_splits_kernel: kernels/key_splits.h). The keys of a row are cut into tiles of 32 (one key per
 // lane); tile i goes to warp i % kWarps, each warp runs an online softmax over
 // its tiles in order, and the warps are merged in warp order at the end. That
 // schedule depends only on the row's own key count, so a row's result never
@@ -13,6 +15,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "../key_splits.h"
 
 namespace ssd::kernels::cuda::attention {
 
@@ -124,10 +128,12 @@ __device__ __forceinline__ void attend_tile(const Keys& keys, int n, int tile, c
 
 /// Attention of `heads` (<= kMaxGroup) query heads sharing one kv head over
 /// n >= 1 keys. q, out: heads rows of D floats, one after another. Called by
-/// all kThreads threads of the block.
+/// all kThreads threads of the block. With part_max non-null (one split of a
+/// query's keys): out gets the unnormalised value sums, part_max[h] /
+/// part_denom[h] head h's score max and sum of exponentials.
 template <int D, typename Keys>
 __device__ __forceinline__ void attend_block(const Keys& keys, int n, const float* q, float* out, int heads,
-                                             float scale) {
+                                             float scale, float* part_max = nullptr, float* part_denom = nullptr) {
   __shared__ __align__(16) float q_s[kMaxGroup][D];
   __shared__ float p_s[kWarps][kMaxGroup][kTile];
   __shared__ float m_s[kWarps][kMaxGroup];
@@ -169,8 +175,89 @@ __device__ __forceinline__ void attend_block(const Keys& keys, int n, const floa
       l = fmaf(l_s[w][h], c, l);
       o = fmaf(o_s[w][h][i % D], c, o);
     }
-    out[i] = o / l;
+    if (part_max == nullptr) {
+      out[i] = o / l;
+    } else {
+      out[i] = o;
+      if (i % D == 0) part_max[h] = m, part_denom[h] = l;
+    }
   }
+}
+
+/// Keys offset, offset + 1, ... of `keys`.
+template <typename Keys>
+struct OffsetKeys {
+  Keys keys;
+  int offset;
+  __device__ const float* k_row(int i) const { return keys.k_row(offset + i); }
+  __device__ const float* v_row(int i) const { return keys.v_row(offset + i); }
+};
+
+/// Where the queries spanning several splits of kSplitKeys keys put their
+/// partial results (device memory; unused when max_splits is 1), and how
+/// many splits each query spans. Row (t * max_splits + s) * num_heads + h:
+/// split s (counted from the query's first) of query t, head h.
+struct SplitWorkspace {
+  int max_splits = 1;
+  float* partial = nullptr;        // [rows, D]
+  float* partial_max = nullptr;    // [rows]
+  float* partial_denom = nullptr;  // [rows]
+  int32_t* splits = nullptr;       // [num_tokens]
+};
+
+/// The block's share of query t over its keys [first_key, end_key): split
+/// `s` of them (counted from the first the query spans). A query in one
+/// split writes its output; the others write partial rows for
+/// combine_splits_kernel. blockIdx.z's chunk 0 of split 0 records the count.
+template <int D, typename Keys>
+__device__ __forceinline__ void attend_split(const Keys& keys, int first_key, int end_key, int s, int chunk,
+                                             const float* q, float* out, int heads, float scale,
+                                             const SplitWorkspace& ws, int64_t t, int64_t head0, int64_t num_heads) {
+  const int splits = static_cast<int>(key_splits(first_key, end_key));
+  if (s == 0 && chunk == 0 && threadIdx.x == 0 && ws.splits != nullptr) ws.splits[t] = splits;
+  if (s >= splits) return;  // the whole block: no __syncthreads is skipped by part of it
+  if (splits == 1) {
+    attend_block<D>(OffsetKeys<Keys>{keys, first_key}, end_key - first_key, q, out, heads, scale);
+    return;
+  }
+  const int split = static_cast<int>(first_key / kSplitKeys) + s;
+  const int lo = max(first_key, split * static_cast<int>(kSplitKeys));
+  const int hi = min(end_key, (split + 1) * static_cast<int>(kSplitKeys));
+  const int64_t row = (t * ws.max_splits + s) * num_heads + head0;
+  attend_block<D>(OffsetKeys<Keys>{keys, lo}, hi - lo, q, ws.partial + row * D, heads, scale, ws.partial_max + row,
+                  ws.partial_denom + row);
+}
+
+/// After the attention kernel: each query t spanning several splits (grid
+/// [num_tokens, num_heads], D threads) merges them in split order, the CPU
+/// kernels' order (kernels/cpu/attention_splits.cpp).
+template <int D>
+__global__ void __launch_bounds__(D) combine_splits_kernel(float* out, int64_t ldo, int64_t num_heads,
+                                                           SplitWorkspace ws) {
+  const int64_t t = blockIdx.x, h = blockIdx.y;
+  const int splits = ws.splits[t];
+  if (splits <= 1) return;
+  const int64_t row0 = t * ws.max_splits * num_heads + h;
+  float m = -INFINITY;
+  for (int j = 0; j < splits; ++j) m = fmaxf(m, ws.partial_max[row0 + j * num_heads]);
+  float l = 0.0f, o = 0.0f;
+  for (int j = 0; j < splits; ++j) {
+    const int64_t row = row0 + j * num_heads;
+    const float c = expf(ws.partial_max[row] - m);
+    l = fmaf(ws.partial_denom[row], c, l);
+    o = fmaf(ws.partial[row * D + threadIdx.x], c, o);
+  }
+  out[t * ldo + h * D + threadIdx.x] = o * (1.0f / l);
+}
+
+/// Enqueues combine_splits_kernel where the workspace is in use.
+template <int D>
+inline cudaError_t combine_splits(float* out, int64_t ldo, int64_t num_tokens, int64_t num_heads,
+                                  const SplitWorkspace& ws, cudaStream_t stream) {
+  if (ws.max_splits <= 1) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>(num_tokens), static_cast<unsigned>(num_heads));
+  combine_splits_kernel<D><<<grid, D, 0, stream>>>(out, ldo, num_heads, ws);
+  return cudaGetLastError();
 }
 
 }  // namespace ssd::kernels::cuda::attention

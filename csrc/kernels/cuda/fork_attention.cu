@@ -31,12 +31,20 @@ struct ForkKeys {
   __device__ const float* v_row(int i) const { return (i < prefix ? v : path_v) + offset(i); }
 };
 
+__host__ __device__ attention::SplitWorkspace workspace(const ForkAttentionParams& p) {
+  return {static_cast<int>(p.max_splits), p.split_partial, p.split_max, p.split_denom, p.split_count};
+}
+
+// Block (n, kv_head, z): z % chunks is the chunk of up to kMaxGroup query
+// heads, z / chunks the split of branch n's keys.
 template <int D>
 __global__ void __launch_bounds__(attention::kThreads) fork_attention_kernel(ForkAttentionParams p) {
   const int64_t n = blockIdx.x;
   const int kv_head = blockIdx.y;
   const int group = static_cast<int>(p.num_heads / p.num_kv_heads);
-  const int first = blockIdx.z * kMaxGroup;
+  const int chunks = (group + kMaxGroup - 1) / kMaxGroup;
+  const int chunk = static_cast<int>(blockIdx.z) % chunks, split = static_cast<int>(blockIdx.z) / chunks;
+  const int first = chunk * kMaxGroup;
   const int64_t head0 = static_cast<int64_t>(kv_head) * group + first;
   const int64_t row = p.num_kv_heads * D;
   const int64_t path0 = n * p.max_path * row + kv_head * D;
@@ -48,12 +56,16 @@ __global__ void __launch_bounds__(attention::kThreads) fork_attention_kernel(For
                       static_cast<int>(p.block_size),
                       p.prefix_len[n],
                       row};
-  attention::attend_block<D>(keys, p.prefix_len[n] + p.path_len[n], p.q + n * p.ldq + head0 * D,
-                             p.out + n * p.ldo + head0 * D, min(kMaxGroup, group - first), p.scale);
+  attention::attend_split<D>(keys, 0, p.prefix_len[n] + p.path_len[n], split, chunk, p.q + n * p.ldq + head0 * D,
+                             p.out + n * p.ldo + head0 * D, min(kMaxGroup, group - first), p.scale, workspace(p), n,
+                             head0, p.num_heads);
 }
 
 bool valid(const ForkAttentionParams& p) {
+  const int64_t chunks = (p.num_heads / p.num_kv_heads + kMaxGroup - 1) / kMaxGroup;
   return attention::head_dim_supported(p.head_dim) && p.num_kv_heads > 0 && p.num_kv_heads <= 65535 &&
+         p.max_splits >= 1 && chunks * p.max_splits <= 65535 &&
+         (p.max_splits == 1 || (p.split_partial && p.split_max && p.split_denom && p.split_count)) &&
          p.num_heads % p.num_kv_heads == 0 && p.block_size > 0 && p.max_path > 0 &&
          p.num_branches <= 0x7fffffff && attention::aligned16(p.k_cache) && attention::aligned16(p.v_cache) &&
          attention::aligned16(p.path_k) && attention::aligned16(p.path_v);
@@ -63,15 +75,19 @@ bool valid(const ForkAttentionParams& p) {
 
 cudaError_t fork_attention(const ForkAttentionParams& params, cudaStream_t stream) {
   if (params.num_branches == 0) return cudaSuccess;
-  if (!valid(params)) return cudaErrorInvalidValue;
+  if (params.num_kv_heads <= 0 || !valid(params)) return cudaErrorInvalidValue;
   const int64_t group = params.num_heads / params.num_kv_heads;
   const dim3 grid(static_cast<unsigned>(params.num_branches), static_cast<unsigned>(params.num_kv_heads),
-                  static_cast<unsigned>((group + kMaxGroup - 1) / kMaxGroup));
-  if (params.head_dim == 64)
+                  static_cast<unsigned>((group + kMaxGroup - 1) / kMaxGroup * params.max_splits));
+  const attention::SplitWorkspace ws = workspace(params);
+  if (params.head_dim == 64) {
     fork_attention_kernel<64><<<grid, attention::kThreads, 0, stream>>>(params);
-  else
-    fork_attention_kernel<128><<<grid, attention::kThreads, 0, stream>>>(params);
-  return cudaGetLastError();
+    if (cudaPeekAtLastError() != cudaSuccess) return cudaGetLastError();
+    return attention::combine_splits<64>(params.out, params.ldo, params.num_branches, params.num_heads, ws, stream);
+  }
+  fork_attention_kernel<128><<<grid, attention::kThreads, 0, stream>>>(params);
+  if (cudaPeekAtLastError() != cudaSuccess) return cudaGetLastError();
+  return attention::combine_splits<128>(params.out, params.ldo, params.num_branches, params.num_heads, ws, stream);
 }
 
 }  // namespace ssd::kernels::cuda

@@ -33,6 +33,17 @@ struct PagedAttentionParams {
   const int32_t* seq_of_token = nullptr;
   const int32_t* positions = nullptr;
   float scale = 1.0f;
+  /// A query's keys are attended in splits of kSplitKeys (256) at fixed key
+  /// indices (kernels/key_splits.h), the CPU kernels' splits. max_splits: at
+  /// least the most splits any query spans; above 1 the split_* buffers
+  /// ([num_tokens, max_splits, num_heads] rows; split_partial head_dim floats a
+  /// row, split_count [num_tokens]) hold the partial results a second kernel
+  /// combines. With max_splits 1 every query must lie in one split.
+  int64_t max_splits = 1;
+  float* split_partial = nullptr;
+  float* split_max = nullptr;
+  float* split_denom = nullptr;
+  int32_t* split_count = nullptr;
   int64_t window = 0;
 };
 

@@ -1,5 +1,7 @@
 // Paged and fork attention's work units, compiled once per instruction set.
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 #include "../isa.h"
 #include "attention_softmax.h"
@@ -20,63 +22,89 @@ struct Unit {
   const float* v;
 };
 
-/// body(unit, scratch) for units [begin, end) of runs.size() * num_kv_heads;
-/// the scratch comes with no rows.
-template <typename Body>
-void for_each_unit(const PagedKv& kv, int64_t num_heads, const std::vector<RowRun>& runs, int64_t begin, int64_t end,
-                   Body body) {
+/// body(unit, scratch, i) for units [begin, end) of (number of pieces) *
+/// num_kv_heads, unit u serving piece i = u / num_kv_heads whose run is
+/// run_of(i); the scratch comes with no rows.
+template <typename RunOf, typename Body>
+void for_each_unit(const PagedKv& kv, int64_t num_heads, RunOf run_of, int64_t begin, int64_t end, Body body) {
   const int64_t group = num_heads / kv.num_kv_heads, d = kv.head_dim;
   AttentionScratch scratch;
   for (int64_t u = begin; u < end; ++u) {
-    const int64_t kv_head = u % kv.num_kv_heads;
+    const int64_t kv_head = u % kv.num_kv_heads, piece = u / kv.num_kv_heads;
     scratch.rows.clear();
-    body(Unit{runs[u / kv.num_kv_heads], kv_head, group, d, kv.num_kv_heads * d, kv_head * group * d,
-              kv.k + kv_head * d, kv.v + kv_head * d},
-         scratch);
+    body(Unit{run_of(piece), kv_head, group, d, kv.num_kv_heads * d, kv_head * group * d, kv.k + kv_head * d,
+              kv.v + kv_head * d},
+         scratch, piece);
+  }
+}
+
+/// The query rows of unit u (piece `piece`) for attend_rows: each row t of
+/// the piece's run attending to keys of the piece's split, over those keys
+/// (range(t) -> {first key, end}); a row whose keys lie in this one split
+/// writes its output, the others a partial row for attention_combine.
+template <typename Range>
+void add_split_rows(AttentionPlan& plan, const Unit& u, int64_t piece, int64_t num_heads, const float* q,
+                    int64_t ldq, float* out, int64_t ldo, Range range, AttentionScratch& scratch) {
+  const int64_t split = plan.pieces[piece].split;
+  const int64_t split_begin = split * kSplitKeys, split_end = split_begin + kSplitKeys;
+  for (int64_t t = u.run.first; t < u.run.first + u.run.count; ++t) {
+    const int64_t splits = plan.num_splits[t];
+    if (splits == 0 || split < plan.first_split[t] || split >= plan.first_split[t] + splits) continue;
+    const auto [first_key, end] = range(t);
+    const float* q_row = q + t * ldq + u.first_head;
+    const int64_t row = plan.partial_row_of(t, split, u.first_head / u.d, num_heads);
+    if (row < 0) {
+      scratch.rows.push_back({q_row, out + t * ldo + u.first_head, end, first_key});
+      continue;
+    }
+    scratch.rows.push_back({q_row, plan.partial.data() + row * u.d, std::min(end, split_end),
+                            std::max(first_key, split_begin), plan.partial_max.data() + row,
+                            plan.partial_denom.data() + row});
   }
 }
 
 }  // namespace
 
-void paged_attention_units(const PagedAttentionParams& p, const std::vector<RowRun>& runs, int64_t begin,
-                           int64_t end) {
+void paged_attention_units(const PagedAttentionParams& p, AttentionPlan& plan, int64_t begin, int64_t end) {
   const PagedKv& kv = p.kv;
-  for_each_unit(kv, p.num_heads, runs, begin, end, [&](const Unit& u, AttentionScratch& scratch) {
-    const RowRun& run = u.run;
-    const int32_t* table = p.block_tables + p.seq_of_token[run.first] * p.max_blocks;
-    for (int64_t t = run.first; t < run.first + run.count; ++t) {
-      if (table[p.positions[t] / kv.block_size] < 0) {  // padding: attends to nothing
-        std::fill_n(p.out + t * p.ldo + u.first_head, u.group * u.d, 0.0f);
-        continue;
-      }
+  const auto run_of = [&](int64_t piece) -> const RowRun& { return plan.runs[plan.pieces[piece].run]; };
+  for_each_unit(kv, p.num_heads, run_of, begin, end, [&](const Unit& u, AttentionScratch& scratch, int64_t piece) {
+    const auto range = [&](int64_t t) {
       const int64_t n = p.positions[t] + 1;
-      const int64_t first_key = p.window > 0 ? std::max<int64_t>(0, n - p.window) : 0;
-      scratch.rows.push_back({p.q + t * p.ldq + u.first_head, p.out + t * p.ldo + u.first_head, n, first_key});
-    }
+      return std::pair<int64_t, int64_t>{p.window > 0 ? std::max<int64_t>(0, n - p.window) : 0, n};
+    };
+    add_split_rows(plan, u, piece, p.num_heads, p.q, p.ldq, p.out, p.ldo, range, scratch);
     if (scratch.rows.empty()) return;
+    const int32_t* table = p.block_tables + p.seq_of_token[u.run.first] * p.max_blocks;
     const auto key_at = [&](int64_t, int64_t pos) { return u.k + slot_of(table, pos, kv.block_size) * u.row; };
     const auto value_at = [&](int64_t, int64_t pos) { return u.v + slot_of(table, pos, kv.block_size) * u.row; };
     attend_rows(scratch, u.group, u.d, p.scale, key_at, value_at);
   });
 }
 
-void fork_attention_units(const ForkAttentionParams& p, const std::vector<RowRun>& runs, int64_t begin,
-                          int64_t end) {
+void fork_attention_units(const ForkAttentionParams& p, AttentionPlan& plan, int64_t begin, int64_t end) {
   const PagedKv& kv = p.kv;
-  for_each_unit(kv, p.num_heads, runs, begin, end, [&](const Unit& u, AttentionScratch& scratch) {
-    const RowRun& run = u.run;
-    for (int64_t n = run.first; n < run.first + run.count; ++n)
-      scratch.rows.push_back({p.q + n * p.ldq + u.first_head, p.out + n * p.ldo + u.first_head,
-                              int64_t{p.prefix_len[n]} + p.path_len[n]});
-    const int32_t* table = p.block_tables + p.branch_seq[run.first] * p.max_blocks;
-    // Key i of branch run.first + r: prefix position i, then path slot i - prefix.
+  const auto run_of = [&](int64_t piece) -> const RowRun& { return plan.runs[plan.pieces[piece].run]; };
+  for_each_unit(kv, p.num_heads, run_of, begin, end, [&](const Unit& u, AttentionScratch& scratch, int64_t piece) {
+    const auto range = [&](int64_t n) { return std::pair<int64_t, int64_t>{0, int64_t{p.prefix_len[n]} + p.path_len[n]}; };
+    add_split_rows(plan, u, piece, p.num_heads, p.q, p.ldq, p.out, p.ldo, range, scratch);
+    if (scratch.rows.empty()) return;
+    // The rows pushed are in run order but only those attending to this
+    // split: row r of the scratch is branch branch_of[r].
+    std::vector<int64_t> branch_of;
+    for (int64_t n = u.run.first; n < u.run.first + u.run.count; ++n) {
+      const int64_t split = plan.pieces[piece].split;
+      if (split >= plan.first_split[n] && split < plan.first_split[n] + plan.num_splits[n]) branch_of.push_back(n);
+    }
+    const int32_t* table = p.block_tables + p.branch_seq[u.run.first] * p.max_blocks;
+    // Key i of branch n: prefix position i, then path slot i - prefix.
     const auto offset = [&](int64_t r, int64_t i) {
-      const int64_t n = run.first + r;
+      const int64_t n = branch_of[r];
       const int64_t prefix = p.prefix_len[n];
       if (i < prefix) return slot_of(table, i, kv.block_size) * u.row;
       return (n * p.max_path + i - prefix) * u.row;
     };
-    const auto in_prefix = [&](int64_t r, int64_t i) { return i < p.prefix_len[run.first + r]; };
+    const auto in_prefix = [&](int64_t r, int64_t i) { return i < p.prefix_len[branch_of[r]]; };
     const float* path_k = p.path_k + u.kv_head * u.d;
     const float* path_v = p.path_v + u.kv_head * u.d;
     const auto key_at = [&](int64_t r, int64_t i) { return (in_prefix(r, i) ? u.k : path_k) + offset(r, i); };

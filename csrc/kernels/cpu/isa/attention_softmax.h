@@ -85,6 +85,11 @@ struct QueryRow {
   float* out;
   int64_t n;
   int64_t first = 0;
+  /// Non-null: a partial row (one split of the keys). out gets the
+  /// unnormalised value sum, max_out[h] / denom_out[h] head h's score max and
+  /// sum of exponentials, for the caller to combine with other splits.
+  float* max_out = nullptr;
+  float* denom_out = nullptr;
 };
 
 /// Scratch space of attend_rows, reused between calls.
@@ -110,12 +115,13 @@ void attend_rows(AttentionScratch& s, int64_t heads, int64_t d, float scale, Key
   int64_t p_min = n_max;  // the first key any row attends to
   for (const QueryRow& row : s.rows) p_min = std::min(p_min, row.first);
   const auto attends = [&](int64_t r, int64_t p) { return p >= s.rows[r].first && p < s.rows[r].n; };
-  s.scores.resize(static_cast<size_t>(n_max * cols));
+  // Key p's scores at scores + (p - p_min) * cols.
+  s.scores.resize(static_cast<size_t>((n_max - p_min) * cols));
   s.max_score.assign(static_cast<size_t>(cols), -std::numeric_limits<float>::infinity());
   s.denom.assign(static_cast<size_t>(cols), 0.0f);
   for (int64_t p = p_min; p < n_max; ++p) {
     if (p + kPrefetchAhead < n_max) prefetch_row(key_at(widest, p + kPrefetchAhead), d);
-    float* scores = s.scores.data() + p * cols;
+    float* scores = s.scores.data() + (p - p_min) * cols;
     for (int64_t r = 0; r < num_rows; ++r) {
       if (!attends(r, p)) continue;
       const float* key = key_at(r, p);
@@ -134,7 +140,7 @@ void attend_rows(AttentionScratch& s, int64_t heads, int64_t d, float scale, Key
     }
   }
   for (int64_t p = p_min; p < n_max; ++p) {
-    float* scores = s.scores.data() + p * cols;
+    float* scores = s.scores.data() + (p - p_min) * cols;
     // exp over the whole key row, 16 columns at a time (entries of rows that
     // do not attend to key p are computed and never read).
     for (int64_t c = 0; c < cols; c += kLanes) {
@@ -156,11 +162,16 @@ void attend_rows(AttentionScratch& s, int64_t heads, int64_t d, float scale, Key
       if (begin >= end) continue;
       for (int64_t p = begin; p < end; ++p) vals[p - begin] = value_at(r, p);
       for (int64_t h = 0; h < heads; ++h)
-        accumulate_values(s.rows[r].out + h * d, d, s.scores.data() + begin * cols + r * heads + h, cols, vals,
+        accumulate_values(s.rows[r].out + h * d, d, s.scores.data() + (begin - p_min) * cols + r * heads + h, cols, vals,
                           end - begin);
     }
   }
   for (int64_t r = 0; r < num_rows; ++r) {
+    if (s.rows[r].max_out != nullptr) {  // a partial row: the caller normalises
+      std::copy_n(s.max_score.data() + r * heads, heads, s.rows[r].max_out);
+      std::copy_n(s.denom.data() + r * heads, heads, s.rows[r].denom_out);
+      continue;
+    }
     for (int64_t h = 0; h < heads; ++h) {
       const float inv = 1.0f / s.denom[r * heads + h];
       float* o = s.rows[r].out + h * d;
