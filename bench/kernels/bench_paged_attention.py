@@ -7,8 +7,10 @@ bandwidth (bytes read + written by a large tensor copy) at the same thread
 count. Caches are cycled so that each call reads from memory, not L2/L3. GFLOP/s
 counts 4 * head_dim per (query head, attended key): q.k and the value sum.
 Run with THP_MEM_ALLOC_ENABLE=1 to back the caches with transparent huge pages.
+--kv-dtype bfloat16 times bf16 caches (kv_cache_dtype="bfloat16": 2 bytes a
+value, widened as they are read).
 
-    python bench/kernels/bench_paged_attention.py [--quick] [--json FILE]
+    python bench/kernels/bench_paged_attention.py [--quick] [--kv-dtype float32|bfloat16] [--json FILE]
 """
 from __future__ import annotations
 
@@ -34,13 +36,15 @@ def workloads(quick: bool):
         yield "verify", ctx, 4, VERIFY_TOKENS
 
 
-def bench_one(model: str, kind: str, ctx: int, batch: int, per_seq: int, threads: list[int], copy_bw: dict) -> list[dict]:
+def bench_one(model: str, kind: str, ctx: int, batch: int, per_seq: int, threads: list[int], copy_bw: dict,
+              kv_dtype: torch.dtype = torch.float32) -> list[dict]:
     hq, hkv, d = MODELS[model]
     tokens = batch * per_seq
-    kv_bytes = batch * ctx * hkv * d * 4 * 2
+    kv_bytes = batch * ctx * hkv * d * kv_dtype.itemsize * 2
     io_bytes = 2 * tokens * hq * d * 4
     flops = 4 * d * hq * batch * sum(range(ctx - per_seq + 1, ctx + 1))  # q.k and p.v per (head, key)
-    caches = scattered_caches([ctx] * batch, BLOCK_SIZE, hkv, d, kv_bytes)
+    caches = [(k.to(kv_dtype), v.to(kv_dtype), tables)
+              for k, v, tables in scattered_caches([ctx] * batch, BLOCK_SIZE, hkv, d, kv_bytes)]
     seq_of_token = torch.arange(batch, dtype=torch.int32).repeat_interleave(per_seq)
     positions = (torch.arange(ctx - per_seq, ctx, dtype=torch.int32)).repeat(batch)
     q = torch.randn(tokens, hq, d)
@@ -64,20 +68,24 @@ def bench_one(model: str, kind: str, ctx: int, batch: int, per_seq: int, threads
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer contexts")
+    parser.add_argument("--kv-dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="the caches' element type (default float32)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = parser.parse_args()
+    kv_dtype = getattr(torch, args.kv_dtype)
     threads = sorted({1, torch.get_num_threads()})
     copy_bw = {n: copy_bandwidth(n) for n in threads}
     print("copy bandwidth (read + write): " + ", ".join(f"{n} thread(s) {bw:.1f} GB/s" for n, bw in copy_bw.items()))
     rows = []
     for model in MODELS:
         for kind, ctx, batch, per_seq in workloads(args.quick):
-            rows += bench_one(model, kind, ctx, batch, per_seq, threads, copy_bw)
+            rows += bench_one(model, kind, ctx, batch, per_seq, threads, copy_bw, kv_dtype)
     print_table(rows, [("model", "model", ""), ("kind", "kind", ""), ("context", "ctx", "d"), ("batch", "batch", "d"),
                        ("tokens", "tokens", "d"), ("threads", "thr", "d"), ("ms", "ms/call", ".3f"),
                        ("mbytes", "MB", ".1f"), ("gbs", "GB/s", ".2f"), ("fraction", "of copy", ".0%"),
                        ("gflops", "GFLOP/s", ".1f")])
-    write_json(args.json, {"copy_bandwidth_gbs": copy_bw, "block_size": BLOCK_SIZE, "results": rows})
+    write_json(args.json, {"copy_bandwidth_gbs": copy_bw, "block_size": BLOCK_SIZE, "kv_dtype": args.kv_dtype,
+                           "results": rows})
 
 
 if __name__ == "__main__":

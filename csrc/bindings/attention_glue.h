@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "../kernels/cpu/ops.h"
 #include "../kernels/cpu/thread_pool.h"
 
 namespace ssd::attention {
@@ -41,11 +42,19 @@ inline void check_same_device(const at::Tensor& ref, std::initializer_list<std::
 
 /// Checks k_cache, v_cache [blocks, block_size, Hkv, D] against q [rows, Hq, D]
 /// and block_tables [S, max_blocks].
+// bf16: the caches may also both be bfloat16 (paged attention; fork
+// attention reads fp32 caches only).
 inline void check_paged_cache(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                              const at::Tensor& block_tables) {
+                              const at::Tensor& block_tables, bool bf16 = false) {
   check_rows(q, "q");
-  check_f32(k_cache, "k_cache", 4);
-  check_f32(v_cache, "v_cache", 4);
+  if (bf16 && k_cache.scalar_type() == at::kBFloat16) {
+    TORCH_CHECK(k_cache.dim() == 4, "k_cache must be 4-D, got shape ", k_cache.sizes());
+    TORCH_CHECK(v_cache.scalar_type() == at::kBFloat16, "v_cache must be bfloat16 like k_cache, got ",
+                v_cache.scalar_type());
+  } else {
+    check_f32(k_cache, "k_cache", 4);
+    check_f32(v_cache, "v_cache", 4);
+  }
   TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "k_cache and v_cache must have the same shape, got ",
               k_cache.sizes(), " and ", v_cache.sizes());
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "k_cache and v_cache must be contiguous");
@@ -70,7 +79,7 @@ inline void check_per_row(const at::Tensor& t, const char* name, int64_t rows) {
 inline void check_paged_attention_args(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                        const at::Tensor& block_tables, const at::Tensor& seq_of_token,
                                        const at::Tensor& positions, const at::Tensor& out) {
-  check_paged_cache(q, k_cache, v_cache, block_tables);
+  check_paged_cache(q, k_cache, v_cache, block_tables, /*bf16=*/true);
   check_per_row(seq_of_token, "seq_of_token", q.size(0));
   check_per_row(positions, "positions", q.size(0));
   check_out(out, q);
@@ -162,8 +171,9 @@ void fill_cache_params(Params& p, const at::Tensor& q, const at::Tensor& k_cache
   p.ldq = q.stride(0);
   p.out = out.data_ptr<float>();
   p.ldo = out.stride(0);
-  p.k_cache = k_cache.data_ptr<float>();
-  p.v_cache = v_cache.data_ptr<float>();
+  // fp32, or bf16 where Params takes it (the caller sets kv_bf16; check_paged_cache checked the dtype)
+  p.k_cache = static_cast<decltype(p.k_cache)>(k_cache.data_ptr());
+  p.v_cache = static_cast<decltype(p.v_cache)>(v_cache.data_ptr());
   p.num_heads = q.size(1);
   p.num_kv_heads = k_cache.size(2);
   p.head_dim = q.size(2);
@@ -192,6 +202,23 @@ std::vector<at::Tensor> split_workspace(Params& p, int64_t num_queries, int64_t 
   p.split_denom = p.split_max + rows;
   p.split_count = buffers[2].data_ptr<int32_t>();
   return buffers;
+}
+
+/// The kernels' view of a k / v cache pair ([blocks, block_size, Hkv, D],
+/// fp32 or bf16, checked by check_paged_cache).
+inline kernels::PagedKv paged_kv(const at::Tensor& k_cache, const at::Tensor& v_cache) {
+  kernels::PagedKv kv;
+  kv.block_size = k_cache.size(1);
+  kv.num_kv_heads = k_cache.size(2);
+  kv.head_dim = k_cache.size(3);
+  if (k_cache.scalar_type() == at::kBFloat16) {
+    kv.k_bf16 = reinterpret_cast<uint16_t*>(k_cache.data_ptr<at::BFloat16>());
+    kv.v_bf16 = reinterpret_cast<uint16_t*>(v_cache.data_ptr<at::BFloat16>());
+  } else {
+    kv.k = k_cache.data_ptr<float>();
+    kv.v = v_cache.data_ptr<float>();
+  }
+  return kv;
 }
 
 }  // namespace ssd::attention

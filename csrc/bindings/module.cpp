@@ -106,6 +106,7 @@ EngineConfig engine_config_fields(const py::dict& d) {
   get(d, "draft_matmul_min_rows", c.draft_matmul_min_rows);
   get(d, "batch_invariant", c.batch_invariant);
   get(d, "backend", c.backend);
+  get(d, "kv_cache_dtype", c.kv_cache_dtype);
   get(d, "adaptive", c.adaptive);
   get(d, "tensor_parallel_size", c.tensor_parallel_size);
   get(d, "tensor_parallel_timeout_s", c.tensor_parallel_timeout_s);
@@ -425,8 +426,9 @@ void bind_models(py::module_& m) {
         "the same bits; for tests and benchmarks). ValueError for a name this CPU cannot run.");
 
   py::class_<model::SequenceRunner>(m, "SequenceRunner")
-      .def(py::init<std::shared_ptr<model::Model>, int64_t, int64_t, int64_t>(), py::arg("model"),
-           py::arg("num_blocks"), py::arg("block_size"), py::arg("num_threads") = 1)
+      .def(py::init<std::shared_ptr<model::Model>, int64_t, int64_t, int64_t, const std::string&>(),
+           py::arg("model"), py::arg("num_blocks"), py::arg("block_size"), py::arg("num_threads") = 1,
+           py::arg("kv_dtype") = "float32")
       .def("add_sequence", &model::SequenceRunner::add_sequence)
       .def("extend", &model::SequenceRunner::extend, py::arg("batch"), py::arg("all_logits") = true,
            py::arg("matmul_min_rows") = 0,

@@ -39,6 +39,7 @@
 #include <torch/library.h>
 
 TORCH_LIBRARY(ssd, m) {
+  // k_cache / v_cache: float32, or both bfloat16 (read widened to fp32).
   m.def(
       "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
       "Tensor seq_of_token, Tensor positions, float scale, Tensor(a!) out, int window=0) -> ()");

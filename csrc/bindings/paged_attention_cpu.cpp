@@ -35,7 +35,7 @@ void paged_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, const a
   TORCH_CHECK(window >= 0, "window must be >= 0 (0: no sliding window), got ", window);
   const int64_t keys = check_paged_attention_indices(k_cache, block_tables, seq_of_token, positions, window);
   const kernels::PagedAttentionParams params{
-      {k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), k_cache.size(1), k_cache.size(2), k_cache.size(3)},
+      attention::paged_kv(k_cache, v_cache),
       q.data_ptr<float>(), q.stride(0), out.data_ptr<float>(), out.stride(0), q.size(0), q.size(1),
       seq_of_token.data_ptr<int32_t>(), positions.data_ptr<int32_t>(), block_tables.data_ptr<int32_t>(),
       block_tables.size(1), static_cast<float>(scale), window};

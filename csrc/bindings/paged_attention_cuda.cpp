@@ -28,6 +28,7 @@ void paged_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const 
   const c10::cuda::CUDAGuard guard(q.device());
   kernels::cuda::PagedAttentionParams p;
   attention::fill_cache_params(p, q, k_cache, v_cache, block_tables, scale, out);
+  p.kv_bf16 = k_cache.scalar_type() == at::kBFloat16;
   p.num_tokens = q.size(0);
   p.seq_of_token = seq_of_token.data_ptr<int32_t>();
   p.positions = positions.data_ptr<int32_t>();

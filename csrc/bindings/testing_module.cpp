@@ -415,7 +415,7 @@ class BackendSteps {
                                                            const std::vector<int32_t>& seq_of_token,
                                                            const std::vector<std::vector<int32_t>>& tables,
                                                            int64_t num_blocks, int64_t block_size,
-                                                           int64_t window) {
+                                                           int64_t window, const std::string& kv_dtype) {
     const int64_t d = inv_freq.numel() * 2;
     if (qkv.dim() != 2 || qkv.size(1) != (num_heads + 2 * num_kv_heads) * d || num_heads % num_kv_heads != 0)
       throw std::invalid_argument("attention: qkv must be [T, (num_heads + 2 num_kv_heads) head_dim]");
@@ -423,7 +423,7 @@ class BackendSteps {
     config.num_layers = 1;
     config.num_kv_heads = num_kv_heads;
     config.head_dim = d;
-    model::KvCache cache(config, num_blocks, block_size, *backend_);
+    model::KvCache cache(config, num_blocks, block_size, *backend_, kv_dtype);
     model::ForwardInput in;
     in.positions = positions;
     in.seq_of_token = seq_of_token;
@@ -516,7 +516,7 @@ void bind_backend_steps(py::module_& m) {
            "cache holding kv [layers, 2, num_blocks, block_size, kv_heads, head_dim]: the storage after the copy.")
       .def("attention", &BackendSteps::attention, py::arg("qkv"), py::arg("num_heads"), py::arg("num_kv_heads"),
            py::arg("inv_freq"), py::arg("positions"), py::arg("seq_of_token"), py::arg("block_tables"),
-           py::arg("num_blocks"), py::arg("block_size"), py::arg("window") = 0,
+           py::arg("num_blocks"), py::arg("block_size"), py::arg("window") = 0, py::arg("kv_dtype") = "float32",
            "rope_kv_write then paged_attention on a fresh one-layer cache: (out, rotated qkv, cache).");
 }
 

@@ -52,8 +52,8 @@ at::Tensor Backend::embedding(const at::Tensor& table, at::ScalarType dtype) con
   return table.to(device(), dtype).contiguous();
 }
 
-at::Tensor Backend::kv_storage(const std::vector<int64_t>& sizes) const {
-  return at::zeros(sizes, at::TensorOptions().dtype(at::kFloat).device(device()));
+at::Tensor Backend::kv_storage(const std::vector<int64_t>& sizes, at::ScalarType dtype) const {
+  return at::zeros(sizes, at::TensorOptions().dtype(dtype).device(device()));
 }
 
 // One host buffer, one copy to the device, then views: the index arrays cross

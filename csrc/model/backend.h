@@ -142,8 +142,8 @@ class Backend {
   virtual at::Tensor vector(const at::Tensor& v) const;
   /// The embedding table [vocab, h] in `dtype`, on the device.
   virtual at::Tensor embedding(const at::Tensor& table, at::ScalarType dtype) const;
-  /// A zeroed fp32 KV store of `sizes` on the device.
-  virtual at::Tensor kv_storage(const std::vector<int64_t>& sizes) const;
+  /// A zeroed KV store of `sizes` and `dtype` (kFloat or kBFloat16) on the device.
+  virtual at::Tensor kv_storage(const std::vector<int64_t>& sizes, at::ScalarType dtype) const;
 
   /// Ends construction: the weights (and any cache made so far) are written
   /// before the model's own stream first reads them (the cuda backend waits

@@ -113,9 +113,10 @@ void AtenBackend::rope_kv_write(const at::Tensor& q, const at::Tensor& k, const 
     values = v.index_select(0, rows);
     slots = slots.index_select(0, rows);
   }
-  const at::Tensor kv = cache.storage()[layer];  // [2, blocks, block_size, Hkv, d]
-  kv[0].view({-1, k.size(1), k.size(2)}).index_copy_(0, slots, keys);
-  kv[1].view({-1, v.size(1), v.size(2)}).index_copy_(0, slots, values);
+  const at::Tensor kv = cache.storage()[layer];  // [2, blocks, block_size, Hkv, d], fp32 or bf16
+  // To a bf16 cache rounded to nearest even, as kernels::kv_write rounds.
+  kv[0].view({-1, k.size(1), k.size(2)}).index_copy_(0, slots, keys.to(kv.scalar_type()));
+  kv[1].view({-1, v.size(1), v.size(2)}).index_copy_(0, slots, values.to(kv.scalar_type()));
 }
 
 // Query by query: each one's scores, softmax and sum have shapes that depend
@@ -138,8 +139,8 @@ at::Tensor AtenBackend::paged_attention(const at::Tensor& q, KvCache& cache, int
     const at::Tensor pos = at::arange(first, end, q.options().dtype(at::kLong));
     const at::Tensor entry = in.seq_of_token[t] * in.max_blocks + at::floor_divide(pos, bs);
     const at::Tensor slots = slots_of(b.block_tables, entry, pos, bs);
-    const at::Tensor k = keys.index_select(0, slots).permute({1, 2, 0});  // [Hkv, d, len]
-    const at::Tensor v = values.index_select(0, slots).permute({1, 0, 2});  // [Hkv, len, d]
+    const at::Tensor k = keys.index_select(0, slots).to(at::kFloat).permute({1, 2, 0});  // [Hkv, d, len]
+    const at::Tensor v = values.index_select(0, slots).to(at::kFloat).permute({1, 0, 2});  // [Hkv, len, d]
     const at::Tensor qg = q[t].reshape({hkv, hq / hkv, d});
     const at::Tensor probs = at::softmax(at::matmul(qg, k) * scale, -1);
     out[t].copy_(at::matmul(probs, v).reshape({hq * d}));

@@ -26,14 +26,14 @@ namespace {
 
 // Anonymous memory reads as zeros and becomes resident only where it is
 // written, so a large cache costs only the blocks sequences have used.
-at::Tensor reserve_zeroed(const std::vector<int64_t>& sizes) {
-  size_t bytes = sizeof(float);
+at::Tensor reserve_zeroed(const std::vector<int64_t>& sizes, at::ScalarType dtype) {
+  size_t bytes = at::elementSize(dtype);
   for (int64_t s : sizes) bytes *= static_cast<size_t>(s);
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED)
     throw std::invalid_argument("KV cache: could not reserve " + std::to_string(bytes >> 20) +
                                 " MiB (" + std::strerror(errno) + "); lower kv_cache_gib or kv_capacity_tokens");
-  return at::from_blob(p, sizes, [bytes](void* q) { munmap(q, bytes); }, at::TensorOptions().dtype(at::kFloat));
+  return at::from_blob(p, sizes, [bytes](void* q) { munmap(q, bytes); }, at::TensorOptions().dtype(dtype));
 }
 
 const uint16_t* bf16_data(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); }
@@ -92,7 +92,9 @@ class CpuBackend final : public Backend {
     return m;
   }
 
-  at::Tensor kv_storage(const std::vector<int64_t>& sizes) const override { return reserve_zeroed(sizes); }
+  at::Tensor kv_storage(const std::vector<int64_t>& sizes, at::ScalarType dtype) const override {
+    return reserve_zeroed(sizes, dtype);
+  }
 
   at::Tensor embed(const at::Tensor& table, const DeviceBatch& b) const override {
     const auto& tokens = b.host->tokens;

@@ -120,9 +120,9 @@ class CudaBackend final : public AtenBackend {
 
   // Zeroed on the caller's stream, which both role streams then wait for, so
   // a forward in either role is ordered after the memset.
-  at::Tensor kv_storage(const std::vector<int64_t>& sizes) const override {
+  at::Tensor kv_storage(const std::vector<int64_t>& sizes, at::ScalarType dtype) const override {
     c10::cuda::CUDAGuard guard(device_);
-    at::Tensor storage = at::zeros(sizes, at::TensorOptions().dtype(at::kFloat).device(device_));
+    at::Tensor storage = at::zeros(sizes, at::TensorOptions().dtype(dtype).device(device_));
     after_current_stream();
     return storage;
   }
@@ -257,6 +257,8 @@ class CudaBackend final : public AtenBackend {
     p.block_size = kv.block_size;
     p.k_cache = kv.k;
     p.v_cache = kv.v;
+    p.k_cache_bf16 = kv.k_bf16;
+    p.v_cache_bf16 = kv.v_bf16;
     check_launch(kernels::cuda::rope_kv_write(p, stream()), "rope_kv_write");
   }
 
@@ -271,8 +273,9 @@ class CudaBackend final : public AtenBackend {
     p.ldq = q.stride(0);
     p.out = out.data_ptr<float>();
     p.ldo = out.stride(0);
-    p.k_cache = kv.k;
-    p.v_cache = kv.v;
+    p.kv_bf16 = kv.bf16();
+    p.k_cache = kv.bf16() ? static_cast<const void*>(kv.k_bf16) : kv.k;
+    p.v_cache = kv.bf16() ? static_cast<const void*>(kv.v_bf16) : kv.v;
     p.num_tokens = q.size(0);
     p.num_heads = q.size(1);
     p.num_kv_heads = kv.num_kv_heads;

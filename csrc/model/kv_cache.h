@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "../kernels/cpu/kv_commit.h"
@@ -22,10 +23,12 @@ struct BlockTable {
 
 class KvCache {
  public:
-  /// num_blocks blocks of block_size zeroed fp32 slots for every layer, on
-  /// the backend's device (the cpu backend reserves them: pages become
-  /// resident as blocks are first written). The backend must outlive the cache.
-  KvCache(const ModelConfig& config, int64_t num_blocks, int64_t block_size, const Backend& backend);
+  /// num_blocks blocks of block_size zeroed slots for every layer, of dtype
+  /// "float32" or "bfloat16" (std::invalid_argument otherwise), on the
+  /// backend's device (the cpu backend reserves them: pages become resident
+  /// as blocks are first written). The backend must outlive the cache.
+  KvCache(const ModelConfig& config, int64_t num_blocks, int64_t block_size, const Backend& backend,
+          const std::string& dtype = "float32");
 
   /// A number no other cache of this process has had (a tensor-parallel
   /// follower keeps one cache per id of its leader's).
@@ -44,7 +47,10 @@ class KvCache {
   /// Keeps the blocks covering the first keep_tokens positions, frees the rest.
   void truncate(BlockTable& table, int64_t keep_tokens);
 
-  /// Layer view for the kernels (device pointers on a GPU backend).
+  /// "float32" or "bfloat16".
+  const std::string& dtype() const { return dtype_; }
+  /// Layer view for the kernels (device pointers on a GPU backend; k / v
+  /// for an fp32 cache, k_bf16 / v_bf16 for a bf16 one).
   kernels::PagedKv layer(int64_t index);
   /// [layers, 2, num_blocks, block_size, kv_heads, head_dim], shared with the cache.
   const at::Tensor& storage() const { return storage_; }
@@ -60,6 +66,7 @@ class KvCache {
   int64_t block_size_;
   int64_t num_kv_heads_;
   int64_t head_dim_;
+  std::string dtype_;
   at::Tensor storage_;  // [layers, 2, num_blocks, block_size, kv_heads, head_dim]
   std::vector<int32_t> free_;
 };

@@ -309,7 +309,8 @@ at::Tensor Model::forward_device(const ForwardInput& in, KvCache& cache, kernels
   const Backend& be = *backend_;
   check(in, cache);
   if (leading_) {
-    ForwardMessage message{ForwardMessage::Kind::kForward, cache.id(), cache.num_blocks(), cache.block_size(), in};
+    ForwardMessage message{ForwardMessage::Kind::kForward, cache.id(),         cache.num_blocks(),
+                           cache.block_size(),           cache.dtype() == "bfloat16", in};
     broadcast_forward(*tp_.collective, 0, message);
     last_message_ = std::chrono::steady_clock::now();
   }
@@ -351,7 +352,9 @@ void Model::follow(int64_t num_threads) {
     if (message.kind == ForwardMessage::Kind::kStop) return;
     if (message.kind == ForwardMessage::Kind::kPing) continue;
     auto& cache = caches[message.cache_id];
-    if (!cache) cache = std::make_unique<KvCache>(shard_config_, message.num_blocks, message.block_size, *backend_);
+    if (!cache)
+      cache = std::make_unique<KvCache>(shard_config_, message.num_blocks, message.block_size, *backend_,
+                                        message.kv_bf16 ? "bfloat16" : "float32");
     forward_device(message.input, *cache, pool);
   }
 }

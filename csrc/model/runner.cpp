@@ -7,8 +7,10 @@
 namespace ssd::model {
 
 SequenceRunner::SequenceRunner(std::shared_ptr<Model> model, int64_t num_blocks, int64_t block_size,
-                               int64_t num_threads)
-    : model_(std::move(model)), cache_(model_->shard_config(), num_blocks, block_size, model_->backend()), pool_(num_threads) {}
+                               int64_t num_threads, const std::string& kv_dtype)
+    : model_(std::move(model)),
+      cache_(model_->shard_config(), num_blocks, block_size, model_->backend(), kv_dtype),
+      pool_(num_threads) {}
 
 int64_t SequenceRunner::add_sequence() {
   seqs_[next_id_] = State{};

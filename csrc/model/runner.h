@@ -7,6 +7,7 @@
 
 #include <map>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -18,8 +19,9 @@ namespace ssd::model {
 
 class SequenceRunner {
  public:
+  /// kv_dtype: the cache's, "float32" or "bfloat16" (KvCache).
   SequenceRunner(std::shared_ptr<Model> model, int64_t num_blocks, int64_t block_size,
-                 int64_t num_threads);
+                 int64_t num_threads, const std::string& kv_dtype = "float32");
 
   int64_t add_sequence();
   /// Appends tokens to several sequences in ONE forward; returns logits

@@ -54,7 +54,7 @@ void broadcast_forward(Collective& collective, int64_t rank, ForwardMessage& m) 
   if (rank == 0) {
     const int64_t fields[ForwardMessage::kHeaderFields] = {
         static_cast<int64_t>(m.kind), m.cache_id, m.num_blocks, m.block_size, static_cast<int64_t>(in.tokens.size()),
-        static_cast<int64_t>(in.block_tables.size()), in.max_blocks, in.matmul_min_rows};
+        static_cast<int64_t>(in.block_tables.size()), in.max_blocks, in.matmul_min_rows, m.kv_bf16 ? 1 : 0};
     std::copy(fields, fields + ForwardMessage::kHeaderFields, h);
   }
   collective.broadcast(header);
@@ -69,6 +69,7 @@ void broadcast_forward(Collective& collective, int64_t rank, ForwardMessage& m) 
   const int64_t t = h[4], tables = h[5];
   in.max_blocks = h[6];
   in.matmul_min_rows = h[7];
+  m.kv_bf16 = h[8] != 0;
   // tokens, positions and seq_of_token [T] each, then the block tables
   at::Tensor data = at::empty({3 * t + tables}, at::kInt);
   auto* d = data.data_ptr<int32_t>();

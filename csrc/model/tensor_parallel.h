@@ -74,13 +74,14 @@ ModelConfig shard_config(const ModelConfig& config, const ShardLayout& layout);
 /// follower needs to run the same forward on its shard. A message is a
 /// header of kHeaderFields int64 then, for a forward, its int32 arrays.
 struct ForwardMessage {
-  static constexpr int64_t kHeaderFields = 8;
+  static constexpr int64_t kHeaderFields = 9;
   /// A forward; the end of following (stop_followers); or nothing but a sign
   /// that rank 0 is alive (ping_followers: a follower waits for rank 0 no
   /// longer than the group's timeout, so an idle leader pings).
   enum class Kind : int64_t { kForward = 0, kStop = 1, kPing = 2 };
   Kind kind = Kind::kForward;
   int64_t cache_id = 0, num_blocks = 0, block_size = 0;
+  bool kv_bf16 = false;  ///< the cache's dtype: bfloat16, else float32
   ForwardInput input;  ///< logit_rows empty on a follower (only the leader reads logits)
 };
 /// Rank 0: sends `message` to every other rank. Others: receives it.

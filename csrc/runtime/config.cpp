@@ -260,12 +260,19 @@ void EngineConfig::validate(const TestingConfig& testing) const {
     bad("fallback", "must be 'auto', 'neural' or 'fast', got '" + fallback + "'");
   if (backend != "auto" && backend != "aten")
     bad("backend", "must be 'auto' or 'aten', got '" + backend + "'");
+  if (kv_cache_dtype != "auto" && kv_cache_dtype != "float32" && kv_cache_dtype != "bfloat16")
+    bad("kv_cache_dtype", "must be 'auto', 'float32' or 'bfloat16', got '" + kv_cache_dtype + "'");
   if (coupling != "rejection" && coupling != "gumbel")
     bad("coupling", "must be 'rejection' or 'gumbel', got '" + coupling + "'");
 }
 
-int64_t kv_bytes_per_token(const ModelConfig& model) {
-  return model.num_layers * 2 * model.num_kv_heads * model.head_dim * static_cast<int64_t>(sizeof(float));
+int64_t kv_bytes_per_token(const ModelConfig& model, const std::string& kv_dtype) {
+  return model.num_layers * 2 * model.num_kv_heads * model.head_dim * (kv_dtype == "bfloat16" ? 2 : 4);
+}
+
+std::string EngineConfig::kv_cache_dtype_on(const std::string& device) const {
+  if (kv_cache_dtype != "auto") return kv_cache_dtype;
+  return model::canonical_device(device) == "cpu" ? "float32" : "bfloat16";
 }
 
 void EngineConfig::resolve(const ModelConfig& target, const ModelConfig* draft) {
@@ -281,10 +288,11 @@ void EngineConfig::resolve(const ModelConfig& target, const ModelConfig* draft, 
                              std::to_string(max_pos) + ")");
   // Both caches hold kv_capacity_tokens slots; each lives on its model's device.
   std::vector<DeviceCaches> devices{{model::canonical_device(target_device),
-                                     static_cast<double>(kv_bytes_per_token(target)), "target"}};
+                                     static_cast<double>(kv_bytes_per_token(target, kv_cache_dtype_on(target_device))),
+                                     "target"}};
   if (draft) {
     const std::string device = model::canonical_device(draft_device);
-    const auto per_token = static_cast<double>(kv_bytes_per_token(*draft));
+    const auto per_token = static_cast<double>(kv_bytes_per_token(*draft, kv_cache_dtype_on(draft_device)));
     if (device == devices[0].device) {
       devices[0].per_token += per_token;
       devices[0].holds = "target and draft";

@@ -59,7 +59,7 @@ class Engine::Impl {
     vocab_ = model_->config().vocab_size;
     round_ = std::make_unique<runtime::TargetRound>(model_->backend(), vocab_, testing_, coupling_);
     cache_ = std::make_unique<model::KvCache>(model_->shard_config(), config_.num_kv_blocks(), config_.kv_block_size,
-                                            model_->backend());
+                                            model_->backend(), config_.kv_cache_dtype_on(config_.target_device));
     speculator_ = runtime::make_speculator(config_, testing_, std::move(draft));
     scheduler_ = std::make_unique<runtime::Scheduler>(config_, *cache_, speculator_ ? config_.k : 0);
     pool_ = std::make_unique<kernels::ThreadPool>(config_.target_threads);

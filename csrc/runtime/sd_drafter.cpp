@@ -10,9 +10,10 @@
 namespace ssd::runtime {
 
 SdDrafter::SdDrafter(std::shared_ptr<model::Model> model, int64_t num_blocks, int64_t block_size,
-                     int64_t threads, int64_t matmul_min_rows, bool gumbel)
+                     int64_t threads, int64_t matmul_min_rows, bool gumbel, const std::string& kv_dtype)
     : model_(std::move(model)),
-      cache_(std::make_unique<model::KvCache>(model_->shard_config(), num_blocks, block_size, model_->backend())),
+      cache_(std::make_unique<model::KvCache>(model_->shard_config(), num_blocks, block_size, model_->backend(),
+                                              kv_dtype)),
       pool_(std::make_unique<kernels::ThreadPool>(threads)),
       matmul_min_rows_(matmul_min_rows),
       gumbel_(gumbel) {}

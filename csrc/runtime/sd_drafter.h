@@ -10,6 +10,7 @@
 
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "../kernels/cpu/thread_pool.h"
@@ -32,8 +33,9 @@ class SdDrafter {
   /// Forwards over at least matmul_min_rows tokens use the draft's bf16 pair
   /// kernels (model::ForwardInput::matmul_min_rows; 0: never). gumbel: the
   /// coupling "gumbel" (draft tokens are Gumbel-max draws, draft_sampling.h).
+  /// kv_dtype: the draft cache's (model::KvCache).
   SdDrafter(std::shared_ptr<model::Model> model, int64_t num_blocks, int64_t block_size, int64_t threads,
-            int64_t matmul_min_rows = 0, bool gumbel = false);
+            int64_t matmul_min_rows = 0, bool gumbel = false, const std::string& kv_dtype = "float32");
 
   /// Drafts counts[b] tokens after the last token of seqs[b]. Each sequence's
   /// last token sits at position len - 1; draft token i (1-based) is drawn at

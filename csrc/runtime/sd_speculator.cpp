@@ -8,7 +8,7 @@ namespace ssd::runtime {
 
 SdSpeculator::SdSpeculator(const EngineConfig& config, std::shared_ptr<model::Model> draft)
     : drafter_(draft, config.num_kv_blocks(), config.kv_block_size, config.draft_threads,
-               config.draft_matmul_min_rows, gumbel_coupling(config)),
+               config.draft_matmul_min_rows, gumbel_coupling(config), config.kv_cache_dtype_on(config.draft_device)),
       vocab_(draft->config().vocab_size) {}
 
 std::vector<DraftFailure> SdSpeculator::propose(std::vector<ScheduledChunk>& chunks,

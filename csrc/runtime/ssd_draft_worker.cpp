@@ -34,7 +34,7 @@ std::unique_ptr<model::KvCache> make_draft_kv(const EngineConfig& config, const 
   const int64_t tree_blocks =
       testing.tree_blocks > 0 ? testing.tree_blocks : config.max_batch * max_budget(config) * per_branch;
   return std::make_unique<model::KvCache>(model.shard_config(), config.num_kv_blocks() + config.max_batch + tree_blocks,
-                                          bs, model.backend());
+                                          bs, model.backend(), config.kv_cache_dtype_on(config.draft_device));
 }
 
 Speculation failure(RequestId id, uint64_t epoch, std::string error) {

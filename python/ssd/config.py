@@ -102,7 +102,11 @@ class EngineConfig:
     device's own kernels) or "aten" (the reference backend over ATen ops;
     on the CPU it stands in for a device: the target's logits stay in
     tensors and every round runs the device path, which is how that path is
-    tested without a GPU).
+    tested without a GPU). kv_cache_dtype: the KV caches' element type,
+    "float32", "bfloat16" (half the bytes and half the attention reads; each
+    K / V value is rounded to bf16 as it is written, attention computes in
+    fp32) or "auto" (the default): bfloat16 for a cache on a GPU, float32 on
+    the CPU. Greedy sd and ssd stay token-identical to ar under either.
 
     adaptive (sd and ssd; the default True): every step the engine decides,
     per sequence, how many of its k proposals the target verifies (0 makes
@@ -157,6 +161,7 @@ class EngineConfig:
     draft_matmul_min_rows: int = 4
     batch_invariant: bool = True
     backend: str = "auto"
+    kv_cache_dtype: str = "auto"
     adaptive: bool = True
     tensor_parallel_size: int = 1
     tensor_parallel_timeout_s: float = 60.0

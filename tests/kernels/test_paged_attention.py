@@ -127,6 +127,33 @@ def test_split_rows_independent_of_batch_chunk_and_threads():
         assert torch.equal(alone[0], batched[t]), f"token {t} at position {int(positions[t])}"
 
 
+@pytest.mark.parametrize("head_dim", [64, 80])
+def test_bf16_cache_is_the_fp32_kernel_on_rounded_values(head_dim):
+    """A bf16 cache is read by widening each value exactly: the output is
+    bitwise the fp32 kernel's on the same values held in fp32, splits and
+    chunks included, and close to the float64 reference."""
+    q, k_cache, v_cache, tables, seq_of_token, positions, scale, out = make_long_inputs(seed=9)
+    if head_dim != 64:  # head_dim 80 takes the kernels' tail loops
+        g = torch.Generator().manual_seed(10)
+        q = torch.randn(q.shape[0], q.shape[1], head_dim, generator=g)
+        k_cache, v_cache = (torch.randn(*k_cache.shape[:3], head_dim, generator=g) for _ in range(2))
+        out = torch.empty_like(q)
+    k16, v16 = k_cache.bfloat16(), v_cache.bfloat16()
+    got = torch.empty_like(out)
+    torch.ops.ssd.paged_attention(q, k16, v16, tables, seq_of_token, positions, scale, got)
+    want = torch.empty_like(out)
+    torch.ops.ssd.paged_attention(q, k16.float(), v16.float(), tables, seq_of_token, positions, scale, want)
+    assert torch.equal(got, want)
+    ref = paged_attention_ref(q, k16.float(), v16.float(), tables, seq_of_token, positions, scale)
+    torch.testing.assert_close(got, ref.float(), atol=2e-5, rtol=1e-5)
+
+
+def test_bf16_cache_must_be_bf16_on_both_sides():
+    q, k_cache, v_cache, tables, seq_of_token, positions, scale, out = make_inputs(1, 64, 16)
+    with pytest.raises(RuntimeError, match="v_cache must be bfloat16 like k_cache"):
+        torch.ops.ssd.paged_attention(q, k_cache.bfloat16(), v_cache, tables, seq_of_token, positions, scale, out)
+
+
 def test_opcheck():
     q, k_cache, v_cache, tables, seq_of_token, positions, scale, out = make_inputs(4, 64, 16)
     keep = slice(0, 24)
@@ -197,3 +224,22 @@ def test_cuda_splits_match_cpu_and_are_batch_invariant(window):
         torch.ops.ssd.paged_attention(q[t : t + 1], k_cache, v_cache, tables, seq_of_token[t : t + 1],
                                       positions[t : t + 1], scale, alone, window)
         assert torch.equal(alone[0], out[t]), f"token {t} at position {int(positions[t])}"
+
+
+@pytest.mark.cuda
+def test_cuda_bf16_cache_matches_cpu():
+    """The CUDA kernel reads a bf16 cache as the CPU one does: close to the
+    CPU's output over the same bf16 values, and batch-invariant."""
+    q, k_cache, v_cache, tables, seq_of_token, positions, scale, out = make_long_inputs(seed=11)
+    k16, v16 = k_cache.bfloat16(), v_cache.bfloat16()
+    want = torch.empty_like(out)
+    torch.ops.ssd.paged_attention(q, k16, v16, tables, seq_of_token, positions, scale, want)
+    args = [a.cuda() for a in (q, k16, v16, tables, seq_of_token, positions)]
+    got = torch.empty_like(args[0])
+    torch.ops.ssd.paged_attention(*args, scale, got)
+    torch.testing.assert_close(got.cpu(), want, atol=1e-5, rtol=1e-5)
+    for t in range(q.shape[0]):
+        alone = torch.empty_like(got[t : t + 1])
+        torch.ops.ssd.paged_attention(args[0][t : t + 1], args[1], args[2], args[3], args[4][t : t + 1],
+                                      args[5][t : t + 1], scale, alone)
+        assert torch.equal(alone[0], got[t]), f"token {t}"

@@ -120,6 +120,32 @@ ATTENTION_HEAD_DIMS = [16, 64]  # 64: the cuda backend's own kernel; 16: its fal
 
 
 @pytest.mark.parametrize("head_dim", ATTENTION_HEAD_DIMS)
+def test_bf16_cache_holds_rounded_keys_and_matches_cpu(other, oracle, head_dim):
+    """With a bf16 cache every backend writes each rotated K / V value rounded
+    to nearest even (torch's rounding: the same bits on every backend), and
+    attends over those values as the cpu backend does."""
+    hq, hkv, bs = 4, 2, 4
+    positions = list(range(6)) + list(range(3))
+    seqs = [0] * 6 + [1] * 3
+    tables = [[2, 0], [3]]
+    qkv = _data(len(positions), (hq + 2 * hkv) * head_dim, seed=12) * 3
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    args = (hq, hkv, inv_freq, positions, seqs, tables, 4, bs)
+    want_out, want_qkv, want_cache = oracle.attention(qkv, *args, kv_dtype="bfloat16")
+    out, rotated, cache = (t.cpu() for t in other.attention(qkv, *args, kv_dtype="bfloat16"))
+    assert want_cache.dtype == cache.dtype == torch.bfloat16
+    torch.testing.assert_close(rotated, want_qkv, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-5)
+    k_rows = want_qkv[:, hq * head_dim:(hq + hkv) * head_dim].reshape(-1, hkv, head_dim)
+    keys = want_cache[0].reshape(-1, hkv, head_dim)
+    for t, (pos, s) in enumerate(zip(positions, seqs)):
+        slot = tables[s][pos // bs] * bs + pos % bs
+        assert torch.equal(keys[slot], k_rows[t].bfloat16()), f"token {t}: k in slot {slot} is not k rounded"
+    # The fp32 cache of the same call differs: the rounding happened.
+    assert not torch.equal(oracle.attention(qkv, *args)[0], want_out)
+
+
+@pytest.mark.parametrize("head_dim", ATTENTION_HEAD_DIMS)
 def test_rope_kv_write_and_paged_attention_match_cpu(other, oracle, head_dim):
     """Two sequences prefilled in one call over scattered blocks: the rotated q/k,
     the cache slots and the attention output agree with the cpu backend, and

@@ -38,6 +38,8 @@ def machine(*cuda, host_bytes=64 * GIB):
 
 
 def resolve(mode="ssd", testing=None, **fields):
+    # fp32 caches on every device unless a test says otherwise (the byte counts above).
+    fields.setdefault("kv_cache_dtype", "float32")
     return resolve_engine_config(TARGET, None if mode == "ar" else DRAFT, mode=mode, adaptive=False,
                                  testing=testing, **fields)
 
@@ -122,6 +124,22 @@ def test_auto_on_one_gpu_is_its_free_memory_less_the_margin_shared_by_both_cache
     # "cuda" is cuda:0: the same device, so the same split.
     got = resolve("sd", machine((20, 40)), kv_cache_gib="auto", target_device="cuda", draft_device="cuda:0")
     assert got["kv_capacity_tokens"] == 2796202
+
+
+def test_bf16_caches_hold_twice_the_tokens():
+    # "auto": bf16 on a GPU, 2 bytes a value: 16 GiB / (2048 + 1024) bytes.
+    got = resolve("ssd", machine((20, 40)), kv_cache_gib="auto", target_device="cuda:0", draft_device="cuda:0",
+                  kv_cache_dtype="auto")
+    assert got["kv_capacity_tokens"] == 5592405
+    # The target's bf16 cache on cuda:0 holds 16 GiB / 2048 = 8388608 tokens, the
+    # draft's fp32 one on the CPU 4 GiB / 2048 = 2097152: the CPU stays fp32 under "auto".
+    got = resolve("ssd", machine((20, 40)), kv_cache_gib="auto", target_device="cuda:0", draft_device="cpu",
+                  kv_cache_dtype="auto")
+    assert got["kv_capacity_tokens"] == 2097152
+    # bfloat16 asked for on the CPU: 4 GiB / (2048 + 1024).
+    assert resolve("ssd", machine(), kv_cache_dtype="bfloat16")["kv_capacity_tokens"] == 1398101
+    with pytest.raises(ValueError, match="kv_cache_dtype: must be 'auto', 'float32' or 'bfloat16', got 'fp8'"):
+        EngineConfig(kv_cache_dtype="fp8")
 
 
 def test_auto_margin_is_at_least_one_gib():

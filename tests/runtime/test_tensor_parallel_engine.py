@@ -54,6 +54,22 @@ def test_greedy_sd_and_ssd_equal_ar_at_two_ranks(pair):
     assert not tensor_parallel_workers()
 
 
+def test_bf16_caches_at_two_ranks_give_one_ranks_tokens(pair):
+    """The followers build their caches in rank 0's KV dtype (carried in each
+    forward's header): a follower holding fp32 keys would drift from rank 0's
+    bf16 ones."""
+    target, draft = pair
+    rng = random.Random(5)
+    prompts = [[rng.randrange(256) for _ in range(rng.randrange(1, 30))] for _ in range(6)]
+    with LLM(target, max_model_len=256, kv_cache_dtype="bfloat16") as one_rank:
+        want = [o.token_ids for o in one_rank.generate(prompts, greedy(24))]
+    with LLM(target, draft=target, mode="sd", adaptive=False, k=3, tensor_parallel_size=2, max_model_len=256,
+             max_batch=4, kv_cache_dtype="bfloat16") as two_ranks:
+        got = [o.token_ids for o in two_ranks.generate(prompts, greedy(24))]
+    assert got == want
+    assert not tensor_parallel_workers()
+
+
 def test_a_group_larger_than_the_kv_heads_is_refused(pair):
     target, _ = pair
     with pytest.raises(ValueError, match="tensor_parallel_size 5 is larger than the model's 4 KV heads"):

@@ -136,6 +136,12 @@ struct EngineConfig {
   /// reference over ATen ops; on the CPU it stands in for a device: logits
   /// stay in tensors and every round runs the device code path).
   std::string backend = "auto";
+  /// The KV caches' element type: "float32", "bfloat16" (half the bytes;
+  /// each K / V value rounded to nearest even as it is written, attention
+  /// computes in fp32) or "auto": bfloat16 on a GPU, float32 on the CPU.
+  std::string kv_cache_dtype = "auto";
+  /// kv_cache_dtype as it applies to a cache on `device`: "float32" or "bfloat16".
+  std::string kv_cache_dtype_on(const std::string& device) const;
   /// sd/ssd: each round verifies as many of its k proposals as the speed
   /// model says pays (0: an autoregressive step), and ssd builds trees only
   /// when they pay (runtime/adaptive_policy.h); false: k proposals every
@@ -175,7 +181,7 @@ inline constexpr int64_t kMaxThreads = 1024;
 inline constexpr int64_t kMaxLogprobs = 20;
 
 /// Bytes of KV cache one token takes in a model (fp32 keys and values).
-int64_t kv_bytes_per_token(const ModelConfig& model);
+int64_t kv_bytes_per_token(const ModelConfig& model, const std::string& kv_dtype = "float32");
 
 /// kv_cache_gib "auto": the CPU's budget, and the part of a GPU's free memory
 /// left to activations and the ssd draft's tree blocks (which come on top of

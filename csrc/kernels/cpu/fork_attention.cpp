@@ -1,10 +1,13 @@
 #include "fork_attention.h"
 
+#include <stdexcept>
+
 #include "isa.h"
 
 namespace ssd::kernels {
 
 AttentionPlan fork_attention_plan(const ForkAttentionParams& p) {
+  if (p.kv.bf16()) throw std::invalid_argument("fork_attention reads fp32 KV caches only");
   std::vector<int64_t> first(static_cast<size_t>(p.num_branches), 0), end(first);
   for (int64_t n = 0; n < p.num_branches; ++n) end[n] = int64_t{p.prefix_len[n]} + p.path_len[n];
   return attention_plan(same_sequence_runs(p.branch_seq, p.num_branches, kMaxSharedBranches), first, end,

@@ -15,7 +15,7 @@
 namespace ssd::kernels {
 
 struct ForkAttentionParams {
-  PagedKv kv;                ///< the shared prefix pages (read only)
+  PagedKv kv;                ///< the shared prefix pages (read only; fp32)
   const float* q = nullptr;  ///< [num_branches, ldq], num_heads * head_dim used
   int64_t ldq = 0;
   float* out = nullptr;  ///< [num_branches, ldo]
@@ -40,7 +40,7 @@ constexpr int64_t kMaxSharedBranches = 16;
 /// The runs (of at most kMaxSharedBranches branches), pieces and partial
 /// rows of a call (attention_splits.h); a branch's keys are its prefix
 /// positions then its path slots, split at the same key indices as paged
-/// attention's.
+/// attention's. std::invalid_argument for a bf16 cache.
 AttentionPlan fork_attention_plan(const ForkAttentionParams& params);
 
 /// Computes units [begin, end) of plan.num_units(num_kv_heads) (as

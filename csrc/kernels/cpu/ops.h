@@ -27,18 +27,24 @@ void silu_mul(const float* gu, float* out, int64_t rows, int64_t n);
 double sum_exp(const float* x, int64_t n, float shift);
 
 /// Geometry and storage of one layer of a paged KV cache:
-/// cache[block, slot, kv_head, head_dim] for K and V separately.
+/// cache[block, slot, kv_head, head_dim] for K and V separately, in fp32
+/// (k, v) or in bf16 (k_bf16, v_bf16: the bits; the other pair null).
 struct PagedKv {
   float* k = nullptr;
   float* v = nullptr;
   int64_t block_size = 0;
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
+  uint16_t* k_bf16 = nullptr;
+  uint16_t* v_bf16 = nullptr;
+
+  bool bf16() const { return k_bf16 != nullptr; }
 };
 
 /// Writes the K and V rows of `tokens` tokens into their cache slots:
 /// slot of token t = block_table(seq)[pos / block_size] * block_size + pos % block_size.
-/// A token whose entry is -1 (padding, no block) is skipped.
+/// A token whose entry is -1 (padding, no block) is skipped. A bf16 cache
+/// gets each value rounded to nearest even.
 /// k, v: [tokens, ld] with kv heads contiguous; block_tables: [num_seqs, max_blocks].
 void kv_write(const PagedKv& kv, const float* k, const float* v, int64_t ld, int64_t tokens,
               const int32_t* seq_of_token, const int32_t* positions, const int32_t* block_tables,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "bf16.h"
 #include "isa.h"
 
 namespace ssd::kernels {
@@ -15,6 +16,13 @@ void kv_write(const PagedKv& kv, const float* k, const float* v, int64_t ld, int
     const int32_t* table = block_tables + seq_of_token[t] * max_blocks;
     if (table[positions[t] / kv.block_size] < 0) continue;  // padding: no block
     const int64_t slot = slot_of(table, positions[t], kv.block_size);
+    if (kv.bf16()) {
+      for (int64_t i = 0; i < row; ++i) {
+        kv.k_bf16[slot * row + i] = float_to_bf16(k[t * ld + i]);
+        kv.v_bf16[slot * row + i] = float_to_bf16(v[t * ld + i]);
+      }
+      continue;
+    }
     std::memcpy(kv.k + slot * row, k + t * ld, sizeof(float) * row);
     std::memcpy(kv.v + slot * row, v + t * ld, sizeof(float) * row);
   }

@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "../key_splits.h"
 
@@ -42,7 +43,29 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
+__device__ __forceinline__ float bf16_bits_to_float(uint32_t bits) { return __uint_as_float(bits << 16); }
+
+// Four consecutive values of a K / V row (fp32, or bf16 bits) as fp32.
+__device__ __forceinline__ float4 load4(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
+__device__ __forceinline__ float4 load4(const uint16_t* p) {
+  const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+  return make_float4(bf16_bits_to_float(v.x & 0xffffu), bf16_bits_to_float(v.x >> 16),
+                     bf16_bits_to_float(v.y & 0xffffu), bf16_bits_to_float(v.y >> 16));
+}
+
 // Lane `lane`'s D / 32 consecutive elements of a row.
+template <int D>
+__device__ __forceinline__ void load_slice(const uint16_t* row, int lane, float (&x)[D / 32]) {
+  if constexpr (D / 32 == 4) {
+    const float4 v = load4(row + 4 * lane);
+    x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+  } else {
+    static_assert(D / 32 == 2, "head_dim must be 64 or 128");
+    const uint32_t v = __ldg(reinterpret_cast<const unsigned int*>(row) + lane);
+    x[0] = bf16_bits_to_float(v & 0xffffu), x[1] = bf16_bits_to_float(v >> 16);
+  }
+}
+
 template <int D>
 __device__ __forceinline__ void load_slice(const float* row, int lane, float (&x)[D / 32]) {
   if constexpr (D / 32 == 4) {
@@ -56,11 +79,10 @@ __device__ __forceinline__ void load_slice(const float* row, int lane, float (&x
 }
 
 // s[h] += q_h . key for the first `heads` heads; q_s holds them row after row.
-template <int D>
-__device__ __forceinline__ void score_key(const float* key, const float (*q_s)[D], int heads,
-                                          float (&s)[kMaxGroup]) {
+template <int D, typename T>
+__device__ __forceinline__ void score_key(const T* key, const float (*q_s)[D], int heads, float (&s)[kMaxGroup]) {
   for (int i = 0; i < D; i += 4) {
-    const float4 k = __ldg(reinterpret_cast<const float4*>(key + i));
+    const float4 k = load4(key + i);
 #pragma unroll
     for (int h = 0; h < kMaxGroup; ++h) {
       if (h < heads) {
@@ -92,7 +114,8 @@ __device__ __forceinline__ void attend_tile(const Keys& keys, int n, int tile, c
   const bool valid = key < n;
   float s[kMaxGroup] = {};
   if (valid) score_key<D>(keys.k_row(key), q_s, heads, s);
-  const float* my_value = valid ? keys.v_row(key) : nullptr;
+  using Value = std::remove_cv_t<std::remove_pointer_t<decltype(keys.v_row(0))>>;  // float or bf16 bits
+  const Value* my_value = valid ? keys.v_row(key) : nullptr;
 #pragma unroll
   for (int h = 0; h < kMaxGroup; ++h) {
     if (h < heads) {
@@ -110,7 +133,7 @@ __device__ __forceinline__ void attend_tile(const Keys& keys, int n, int tile, c
   __syncwarp();
   const int count = min(kTile, n - tile * kTile);
   for (int j = 0; j < count; ++j) {
-    const auto* row = reinterpret_cast<const float*>(
+    const auto* row = reinterpret_cast<const Value*>(
         __shfl_sync(kFullMask, reinterpret_cast<unsigned long long>(my_value), j));
     float v[D / 32];
     load_slice<D>(row, lane, v);
@@ -189,8 +212,8 @@ template <typename Keys>
 struct OffsetKeys {
   Keys keys;
   int offset;
-  __device__ const float* k_row(int i) const { return keys.k_row(offset + i); }
-  __device__ const float* v_row(int i) const { return keys.v_row(offset + i); }
+  __device__ auto k_row(int i) const { return keys.k_row(offset + i); }
+  __device__ auto v_row(int i) const { return keys.v_row(offset + i); }
 };
 
 /// Where the queries spanning several splits of kSplitKeys keys put their

@@ -12,10 +12,11 @@ namespace {
 using attention::kMaxGroup;
 
 // Positions 0, 1, ... of one sequence (key i is position i), for one kv
-// head, through its block table.
+// head, through its block table; T: float or bf16 bits.
+template <typename T>
 struct PagedKeys {
-  const float* k;  // cache base + kv_head * D
-  const float* v;
+  const T* k;  // cache base + kv_head * D
+  const T* v;
   const int32_t* table;
   int block_size;
   int64_t row;  // floats per cache slot: num_kv_heads * D
@@ -23,8 +24,8 @@ struct PagedKeys {
   __device__ int64_t slot(int pos) const {
     return static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
   }
-  __device__ const float* k_row(int i) const { return k + slot(i) * row; }
-  __device__ const float* v_row(int i) const { return v + slot(i) * row; }
+  __device__ const T* k_row(int i) const { return k + slot(i) * row; }
+  __device__ const T* v_row(int i) const { return v + slot(i) * row; }
 };
 
 __host__ __device__ attention::SplitWorkspace workspace(const PagedAttentionParams& p) {
@@ -33,7 +34,7 @@ __host__ __device__ attention::SplitWorkspace workspace(const PagedAttentionPara
 
 // Block (t, kv_head, z): z % chunks is the chunk of up to kMaxGroup query
 // heads, z / chunks the split of t's keys.
-template <int D>
+template <int D, typename T>
 __global__ void __launch_bounds__(attention::kThreads) paged_attention_kernel(PagedAttentionParams p) {
   const int64_t t = blockIdx.x;
   const int kv_head = blockIdx.y;
@@ -53,8 +54,8 @@ __global__ void __launch_bounds__(attention::kThreads) paged_attention_kernel(Pa
   }
   const int n = p.positions[t] + 1;
   const int first_key = p.window > 0 && n > p.window ? n - static_cast<int>(p.window) : 0;
-  const PagedKeys keys{p.k_cache + kv_head * D, p.v_cache + kv_head * D, table, static_cast<int>(p.block_size),
-                       p.num_kv_heads * D};
+  const PagedKeys<T> keys{static_cast<const T*>(p.k_cache) + kv_head * D, static_cast<const T*>(p.v_cache) + kv_head * D,
+                          table, static_cast<int>(p.block_size), p.num_kv_heads * D};
   attention::attend_split<D>(keys, first_key, n, split, chunk, p.q + t * p.ldq + head0 * D,
                              p.out + t * p.ldo + head0 * D, min(kMaxGroup, group - first), p.scale, ws, t, head0,
                              p.num_heads);
@@ -79,11 +80,17 @@ cudaError_t paged_attention(const PagedAttentionParams& params, cudaStream_t str
                   static_cast<unsigned>((group + kMaxGroup - 1) / kMaxGroup * params.max_splits));
   const attention::SplitWorkspace ws = workspace(params);
   if (params.head_dim == 64) {
-    paged_attention_kernel<64><<<grid, attention::kThreads, 0, stream>>>(params);
+    if (params.kv_bf16)
+      paged_attention_kernel<64, uint16_t><<<grid, attention::kThreads, 0, stream>>>(params);
+    else
+      paged_attention_kernel<64, float><<<grid, attention::kThreads, 0, stream>>>(params);
     if (cudaPeekAtLastError() != cudaSuccess) return cudaGetLastError();
     return attention::combine_splits<64>(params.out, params.ldo, params.num_tokens, params.num_heads, ws, stream);
   }
-  paged_attention_kernel<128><<<grid, attention::kThreads, 0, stream>>>(params);
+  if (params.kv_bf16)
+    paged_attention_kernel<128, uint16_t><<<grid, attention::kThreads, 0, stream>>>(params);
+  else
+    paged_attention_kernel<128, float><<<grid, attention::kThreads, 0, stream>>>(params);
   if (cudaPeekAtLastError() != cudaSuccess) return cudaGetLastError();
   return attention::combine_splits<128>(params.out, params.ldo, params.num_tokens, params.num_heads, ws, stream);
 }

@@ -10,7 +10,8 @@ namespace ssd::kernels::cuda {
 
 /// All pointers are device pointers. Layout as kernels/cpu/paged_attention.h:
 /// q, out [num_tokens, ld] with num_heads * head_dim used; k_cache, v_cache
-/// [blocks, block_size, num_kv_heads, head_dim] contiguous; block_tables
+/// [blocks, block_size, num_kv_heads, head_dim] contiguous, fp32 or (kv_bf16)
+/// bf16 read as fp32; block_tables
 /// [num_seqs, max_blocks]; query t attends to positions 0..positions[t] of
 /// sequence seq_of_token[t], or with window > 0 to positions
 /// positions[t] - window + 1..positions[t]. A query whose own entry is -1
@@ -21,8 +22,9 @@ struct PagedAttentionParams {
   int64_t ldq = 0;
   float* out = nullptr;
   int64_t ldo = 0;
-  const float* k_cache = nullptr;
-  const float* v_cache = nullptr;
+  const void* k_cache = nullptr;  ///< fp32, or bf16 bits with kv_bf16
+  const void* v_cache = nullptr;
+  bool kv_bf16 = false;
   int64_t num_tokens = 0;
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;

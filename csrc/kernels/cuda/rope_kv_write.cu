@@ -3,6 +3,7 @@
 // nothing). The rotation spells out the CPU's operations (a * c - b * s and
 // b * c + a * s, each product and sum rounded on its own, never fused), with
 // cosf / sinf for the CPU's std::cos / std::sin.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -38,6 +39,13 @@ __global__ void __launch_bounds__(kThreads) rope_kv_write_kernel(RopeKvWritePara
   const int64_t slot = block * p.block_size + position % p.block_size;
   const float* k = row + p.num_heads * p.head_dim;
   const float* v = k + kv_width;
+  if (p.k_cache_bf16 != nullptr) {
+    for (int64_t j = threadIdx.x; j < kv_width; j += blockDim.x) {
+      p.k_cache_bf16[slot * kv_width + j] = __bfloat16_as_ushort(__float2bfloat16_rn(k[j]));
+      p.v_cache_bf16[slot * kv_width + j] = __bfloat16_as_ushort(__float2bfloat16_rn(v[j]));
+    }
+    return;
+  }
   for (int64_t j = threadIdx.x; j < kv_width; j += blockDim.x) {
     p.k_cache[slot * kv_width + j] = k[j];
     p.v_cache[slot * kv_width + j] = v[j];
@@ -49,7 +57,9 @@ __global__ void __launch_bounds__(kThreads) rope_kv_write_kernel(RopeKvWritePara
 cudaError_t rope_kv_write(const RopeKvWriteParams& p, cudaStream_t stream) {
   if (p.num_tokens < 0 || p.num_tokens > 0x7fffffff || p.head_dim <= 0 || p.head_dim % 2 != 0 ||
       p.num_heads <= 0 || p.num_kv_heads <= 0 || p.block_size <= 0 || p.max_blocks <= 0 ||
-      p.ld < (p.num_heads + 2 * p.num_kv_heads) * p.head_dim)
+      p.ld < (p.num_heads + 2 * p.num_kv_heads) * p.head_dim ||
+      (p.k_cache_bf16 != nullptr) != (p.v_cache_bf16 != nullptr) ||
+      (p.k_cache == nullptr) == (p.k_cache_bf16 == nullptr))
     return cudaErrorInvalidValue;
   if (p.num_tokens == 0) return cudaSuccess;
   rope_kv_write_kernel<<<static_cast<unsigned>(p.num_tokens), kThreads, 0, stream>>>(p);

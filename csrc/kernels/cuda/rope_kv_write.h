@@ -27,8 +27,10 @@ struct RopeKvWriteParams {
   const int32_t* block_tables = nullptr;
   int64_t max_blocks = 0;
   int64_t block_size = 0;
-  float* k_cache = nullptr;
+  float* k_cache = nullptr;  ///< fp32 cache, or null with k_cache_bf16 / v_cache_bf16
   float* v_cache = nullptr;
+  uint16_t* k_cache_bf16 = nullptr;  ///< bf16 cache (bits): each value rounded to nearest even
+  uint16_t* v_cache_bf16 = nullptr;
 };
 
 /// Enqueues the kernel on `stream`; cudaErrorInvalidValue for bad shapes.

@@ -10,30 +10,33 @@ namespace ssd::kernels::SSD_ISA {
 
 namespace {
 
-/// One work unit: a run of query rows with the query heads of one kv head.
+/// One work unit: a run of query rows with the query heads of one kv head,
+/// over a cache of T (float, or uint16_t for bf16).
+template <typename T>
 struct Unit {
   const RowRun& run;
   int64_t kv_head;
   int64_t group;       ///< query heads per kv head
   int64_t d;           ///< head_dim
-  int64_t row;         ///< floats per cache slot (all kv heads)
+  int64_t row;         ///< values per cache slot (all kv heads)
   int64_t first_head;  ///< offset of the unit's first query head in a q / out row
-  const float* k;      ///< the kv head's K / V columns in the cache
-  const float* v;
+  const T* k;          ///< the kv head's K / V columns in the cache
+  const T* v;
 };
 
 /// body(unit, scratch, i) for units [begin, end) of (number of pieces) *
 /// num_kv_heads, unit u serving piece i = u / num_kv_heads whose run is
-/// run_of(i); the scratch comes with no rows.
-template <typename RunOf, typename Body>
-void for_each_unit(const PagedKv& kv, int64_t num_heads, RunOf run_of, int64_t begin, int64_t end, Body body) {
+/// run_of(i), over the cache k / v; the scratch comes with no rows.
+template <typename T, typename RunOf, typename Body>
+void for_each_unit(const PagedKv& kv, const T* k, const T* v, int64_t num_heads, RunOf run_of, int64_t begin,
+                   int64_t end, Body body) {
   const int64_t group = num_heads / kv.num_kv_heads, d = kv.head_dim;
   AttentionScratch scratch;
   for (int64_t u = begin; u < end; ++u) {
     const int64_t kv_head = u % kv.num_kv_heads, piece = u / kv.num_kv_heads;
     scratch.rows.clear();
-    body(Unit{run_of(piece), kv_head, group, d, kv.num_kv_heads * d, kv_head * group * d, kv.k + kv_head * d,
-              kv.v + kv_head * d},
+    body(Unit<T>{run_of(piece), kv_head, group, d, kv.num_kv_heads * d, kv_head * group * d, k + kv_head * d,
+                 v + kv_head * d},
          scratch, piece);
   }
 }
@@ -42,8 +45,8 @@ void for_each_unit(const PagedKv& kv, int64_t num_heads, RunOf run_of, int64_t b
 /// the piece's run attending to keys of the piece's split, over those keys
 /// (range(t) -> {first key, end}); a row whose keys lie in this one split
 /// writes its output, the others a partial row for attention_combine.
-template <typename Range>
-void add_split_rows(AttentionPlan& plan, const Unit& u, int64_t piece, int64_t num_heads, const float* q,
+template <typename T, typename Range>
+void add_split_rows(AttentionPlan& plan, const Unit<T>& u, int64_t piece, int64_t num_heads, const float* q,
                     int64_t ldq, float* out, int64_t ldo, Range range, AttentionScratch& scratch) {
   const int64_t split = plan.pieces[piece].split;
   const int64_t split_begin = split * kSplitKeys, split_end = split_begin + kSplitKeys;
@@ -63,12 +66,13 @@ void add_split_rows(AttentionPlan& plan, const Unit& u, int64_t piece, int64_t n
   }
 }
 
-}  // namespace
-
-void paged_attention_units(const PagedAttentionParams& p, AttentionPlan& plan, int64_t begin, int64_t end) {
+template <typename T>
+void paged_units(const PagedAttentionParams& p, const T* k, const T* v, AttentionPlan& plan, int64_t begin,
+                 int64_t end) {
   const PagedKv& kv = p.kv;
   const auto run_of = [&](int64_t piece) -> const RowRun& { return plan.runs[plan.pieces[piece].run]; };
-  for_each_unit(kv, p.num_heads, run_of, begin, end, [&](const Unit& u, AttentionScratch& scratch, int64_t piece) {
+  for_each_unit(kv, k, v, p.num_heads, run_of, begin, end,
+                [&](const Unit<T>& u, AttentionScratch& scratch, int64_t piece) {
     const auto range = [&](int64_t t) {
       const int64_t n = p.positions[t] + 1;
       return std::pair<int64_t, int64_t>{p.window > 0 ? std::max<int64_t>(0, n - p.window) : 0, n};
@@ -82,10 +86,20 @@ void paged_attention_units(const PagedAttentionParams& p, AttentionPlan& plan, i
   });
 }
 
+}  // namespace
+
+void paged_attention_units(const PagedAttentionParams& p, AttentionPlan& plan, int64_t begin, int64_t end) {
+  if (p.kv.bf16())
+    paged_units<uint16_t>(p, p.kv.k_bf16, p.kv.v_bf16, plan, begin, end);
+  else
+    paged_units<float>(p, p.kv.k, p.kv.v, plan, begin, end);
+}
+
 void fork_attention_units(const ForkAttentionParams& p, AttentionPlan& plan, int64_t begin, int64_t end) {
   const PagedKv& kv = p.kv;
   const auto run_of = [&](int64_t piece) -> const RowRun& { return plan.runs[plan.pieces[piece].run]; };
-  for_each_unit(kv, p.num_heads, run_of, begin, end, [&](const Unit& u, AttentionScratch& scratch, int64_t piece) {
+  for_each_unit(kv, kv.k, kv.v, p.num_heads, run_of, begin, end,
+                [&](const Unit<float>& u, AttentionScratch& scratch, int64_t piece) {
     const auto range = [&](int64_t n) { return std::pair<int64_t, int64_t>{0, int64_t{p.prefix_len[n]} + p.path_len[n]}; };
     add_split_rows(plan, u, piece, p.num_heads, p.q, p.ldq, p.out, p.ldo, range, scratch);
     if (scratch.rows.empty()) return;

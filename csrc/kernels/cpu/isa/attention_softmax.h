@@ -12,8 +12,10 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
+#include "../bf16.h"
 #include "../row_runs.h"
 #include "vec.h"
 
@@ -24,9 +26,14 @@ namespace ssd::kernels::SSD_ISA {
 // follow them and each row would otherwise cost a full memory round trip.
 constexpr int64_t kPrefetchAhead = 8;
 
-inline void prefetch_row(const float* row, int64_t d) {
-  for (int64_t i = 0; i < d; i += 64 / static_cast<int64_t>(sizeof(float))) __builtin_prefetch(row + i);
+template <typename T>
+inline void prefetch_row(const T* row, int64_t d) {
+  for (int64_t i = 0; i < d; i += 64 / static_cast<int64_t>(sizeof(T))) __builtin_prefetch(row + i);
 }
+
+// One cache value as fp32 (the cache holds fp32, or bf16 bits as uint16_t).
+inline float value_of(float x) { return x; }
+inline float value_of(uint16_t x) { return bf16_to_float(x); }
 
 // Keys per register-blocked step of the value sum.
 constexpr int64_t kValueTile = 16;
@@ -34,20 +41,21 @@ constexpr int64_t kValueTile = 16;
 // o[i] = fma(w[p * w_stride], vals[p][i], o[i]) for p = 0..count-1 in order,
 // for NV 16-lane slices of o held in registers across the p loop (NV
 // independent chains, so the FMA latency overlaps).
-template <int NV>
-inline void accumulate_slices(float* o, const float* w, int64_t w_stride, const float* const* vals, int64_t count,
+template <int NV, typename T>
+inline void accumulate_slices(float* o, const float* w, int64_t w_stride, const T* const* vals, int64_t count,
                               int64_t offset) {
   Vec acc[NV];
   for (int j = 0; j < NV; ++j) acc[j] = vload(o + j * kLanes);
   for (int64_t p = 0; p < count; ++p) {
     const Vec wp = vbroadcast(w[p * w_stride]);
-    const float* v = vals[p] + offset;
+    const T* v = vals[p] + offset;
     for (int j = 0; j < NV; ++j) acc[j] = vfma(wp, vload(v + j * kLanes), acc[j]);
   }
   for (int j = 0; j < NV; ++j) vstore(o + j * kLanes, acc[j]);
 }
 
-inline void accumulate_values(float* o, int64_t d, const float* w, int64_t w_stride, const float* const* vals,
+template <typename T>
+inline void accumulate_values(float* o, int64_t d, const float* w, int64_t w_stride, const T* const* vals,
                               int64_t count) {
   int64_t i = 0;
   if constexpr (kVecRegs == 1)  // 8 slices are 16 registers where a Vec takes two
@@ -57,7 +65,7 @@ inline void accumulate_values(float* o, int64_t d, const float* w, int64_t w_str
   for (; i + kLanes <= d; i += kLanes) accumulate_slices<1>(o + i, w, w_stride, vals, count, i);
   for (; i < d; ++i) {
     float acc = o[i];
-    for (int64_t p = 0; p < count; ++p) acc = std::fma(w[p * w_stride], vals[p][i], acc);
+    for (int64_t p = 0; p < count; ++p) acc = std::fma(w[p * w_stride], value_of(vals[p][i]), acc);
     o[i] = acc;
   }
 }
@@ -65,8 +73,8 @@ inline void accumulate_values(float* o, int64_t d, const float* w, int64_t w_str
 // Scores of `heads` query heads (head h at q + h * C * 16) against one key,
 // each in dot()'s operation order; the key's C chunks are loaded once for all
 // heads.
-template <int C>
-inline void head_scores(const float* q, int64_t heads, const float* key, float scale, float* scores,
+template <int C, typename T>
+inline void head_scores(const float* q, int64_t heads, const T* key, float scale, float* scores,
                         float* max_score) {
   Vec k[C];
   for (int c = 0; c < C; ++c) k[c] = vload(key + c * kLanes);
@@ -103,7 +111,8 @@ struct AttentionScratch {
 /// Attention of several query rows whose keys are mostly the same rows of
 /// memory (queries of one sequence, branches of one prefix), so each key row
 /// is read once per pass for all of them. key_at(r, p) / value_at(r, p):
-/// the d-float K / V rows of key p of query row r.
+/// the d-value K / V rows of key p of query row r (float, or bf16 bits as
+/// uint16_t: each value widened to fp32 exactly, then the same arithmetic).
 template <typename KeyAt, typename ValueAt>
 void attend_rows(AttentionScratch& s, int64_t heads, int64_t d, float scale, KeyAt key_at, ValueAt value_at) {
   const int64_t num_rows = static_cast<int64_t>(s.rows.size());
@@ -124,7 +133,7 @@ void attend_rows(AttentionScratch& s, int64_t heads, int64_t d, float scale, Key
     float* scores = s.scores.data() + (p - p_min) * cols;
     for (int64_t r = 0; r < num_rows; ++r) {
       if (!attends(r, p)) continue;
-      const float* key = key_at(r, p);
+      const auto* key = key_at(r, p);
       float* row_scores = scores + r * heads;
       float* row_max = s.max_score.data() + r * heads;
       if (d == 4 * kLanes) {
@@ -153,7 +162,7 @@ void attend_rows(AttentionScratch& s, int64_t heads, int64_t d, float scale, Key
     }
   }
   for (const QueryRow& row : s.rows) std::fill(row.out, row.out + heads * d, 0.0f);
-  const float* vals[kValueTile];
+  std::remove_cv_t<std::remove_pointer_t<decltype(value_at(0, 0))>> const* vals[kValueTile];
   for (int64_t p0 = p_min; p0 < n_max; p0 += kValueTile) {
     const int64_t p1 = std::min(n_max, p0 + kValueTile);
     for (int64_t p = p1; p < std::min(n_max, p1 + kValueTile); ++p) prefetch_row(value_at(widest, p), d);
