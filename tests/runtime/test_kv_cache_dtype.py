@@ -18,9 +18,10 @@ from tests.runtime.test_device_round import MODES, prompts
 
 BACKENDS = ["auto", "aten"]  # on the CPU: the cpu backend and the device path
 
-# The largest logit difference bf16 caches may make on the test target
-# (3 layers, logits of magnitude about 1-3; measured about 2e-3).
-LOGIT_TOLERANCE = 2e-2
+# The largest logit difference bf16 caches may make on the test target over a
+# 300-token sequence (3 layers, logits up to 3.4 in magnitude; measured
+# 1.57e-2 on both backends).
+LOGIT_TOLERANCE = 3e-2
 
 
 def runner(core, kv_dtype, tokens=600, block_size=16):
@@ -75,8 +76,8 @@ def test_bf16_rows_are_batch_and_chunk_invariant(target, backend):
 @pytest.mark.parametrize("mode", ["sd", "ssd"])
 def test_greedy_sd_and_ssd_equal_ar_with_bf16_caches(pair, mode, backend):
     target, draft = pair
-    batch = prompts(12)
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    batch = prompts(8)
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     with LLM(target, max_model_len=128, kv_cache_dtype="bfloat16", backend=backend) as llm:
         want = [o.token_ids for o in llm.generate(batch, params)]
     with LLM(target, draft=draft, max_model_len=128, max_batch=4, kv_cache_dtype="bfloat16", backend=backend,
