@@ -51,12 +51,12 @@ void fork_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, const at
       path_len.data_ptr<int32_t>(),
       static_cast<float>(scale)};
   kernels::AttentionPlan plan = kernels::fork_attention_plan(params);
-  attention::run_units(plan.num_units(k_cache.size(2)), keys * q.size(1) * q.size(2),
-                       [&](int64_t begin, int64_t end) { kernels::fork_attention_units(params, plan, begin, end); });
-  if (plan.needs_combine)
-    attention::run_units(q.size(0), q.size(0) * q.size(1) * q.size(2), [&](int64_t begin, int64_t end) {
-      kernels::attention_combine(plan, params.out, params.ldo, params.num_heads, params.kv.head_dim, begin, end);
-    });
+  kernels::run_attention(
+      plan, k_cache.size(2), q.size(0), params.out, params.ldo, params.num_heads, params.kv.head_dim,
+      [&](int64_t count, const auto& fn) { attention::run_units(count, keys * q.size(1) * q.size(2), fn); },
+      [&](kernels::AttentionPlan& pl, int64_t begin, int64_t end) {
+        kernels::fork_attention_units(params, pl, begin, end);
+      });
 }
 
 }  // namespace

@@ -40,12 +40,12 @@ void paged_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, const a
       seq_of_token.data_ptr<int32_t>(), positions.data_ptr<int32_t>(), block_tables.data_ptr<int32_t>(),
       block_tables.size(1), static_cast<float>(scale), window};
   kernels::AttentionPlan plan = kernels::paged_attention_plan(params);
-  attention::run_units(plan.num_units(k_cache.size(2)), keys * q.size(1) * q.size(2),
-                       [&](int64_t begin, int64_t end) { kernels::paged_attention_units(params, plan, begin, end); });
-  if (plan.needs_combine)
-    attention::run_units(q.size(0), q.size(0) * q.size(1) * q.size(2), [&](int64_t begin, int64_t end) {
-      kernels::attention_combine(plan, params.out, params.ldo, params.num_heads, params.kv.head_dim, begin, end);
-    });
+  kernels::run_attention(
+      plan, k_cache.size(2), q.size(0), params.out, params.ldo, params.num_heads, params.kv.head_dim,
+      [&](int64_t count, const auto& fn) { attention::run_units(count, keys * q.size(1) * q.size(2), fn); },
+      [&](kernels::AttentionPlan& pl, int64_t begin, int64_t end) {
+        kernels::paged_attention_units(params, pl, begin, end);
+      });
 }
 
 }  // namespace

@@ -8,7 +8,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <vector>
 
 #include "../kernels/cuda/paged_attention.h"
@@ -36,12 +35,8 @@ void paged_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const 
   // The most splits of the key range any query spans (a sync: this op is
   // for tests; the model backend knows the positions on the host).
   const at::Tensor last = positions.to(at::kCPU);
-  int64_t max_splits = 1;
-  for (int64_t t = 0; t < last.size(0); ++t) {
-    const int64_t n = int64_t{last.data_ptr<int32_t>()[t]} + 1;
-    max_splits = std::max(max_splits, kernels::key_splits(window > 0 ? std::max<int64_t>(0, n - window) : 0, n));
-  }
-  const std::vector<at::Tensor> workspace = attention::split_workspace(p, p.num_tokens, max_splits, q.options());
+  const std::vector<at::Tensor> workspace = attention::split_workspace(
+      p, p.num_tokens, kernels::max_key_splits(last.data_ptr<int32_t>(), last.size(0), window), q.options());
   const cudaError_t err = kernels::cuda::paged_attention(p, at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "paged_attention CUDA kernel: ", cudaGetErrorString(err));
 }

@@ -287,12 +287,8 @@ class CudaBackend final : public AtenBackend {
     p.positions = b.positions.data_ptr<int32_t>();
     p.scale = scale;
     p.window = window;
-    int64_t max_splits = 1;  // the most splits of the key range a query spans
-    for (const int32_t pos : b.host->positions) {
-      const int64_t n = int64_t{pos} + 1;
-      max_splits = std::max(max_splits, kernels::key_splits(window > 0 ? std::max<int64_t>(0, n - window) : 0, n));
-    }
-    const std::vector<at::Tensor> workspace = attention::split_workspace(p, p.num_tokens, max_splits, q.options());
+    const std::vector<at::Tensor> workspace = attention::split_workspace(
+        p, p.num_tokens, kernels::max_key_splits(b.host->positions.data(), p.num_tokens, window), q.options());
     check_launch(kernels::cuda::paged_attention(p, stream()), "paged_attention");
     return out;
   }

@@ -36,6 +36,25 @@ def run(args):
     return args[-1]
 
 
+def assert_rows_alone_equal(args, batched, step=1, window=0):
+    """Every `step`-th token of args run alone gives its row of `batched` bitwise."""
+    q, k_cache, v_cache, tables, seq_of_token, positions, scale, _ = args
+    for t in range(0, q.shape[0], step):
+        alone = torch.empty_like(q[t : t + 1])
+        torch.ops.ssd.paged_attention(q[t : t + 1], k_cache, v_cache, tables, seq_of_token[t : t + 1],
+                                      positions[t : t + 1], scale, alone, window)
+        assert torch.equal(alone[0], batched[t]), f"token {t} at position {int(positions[t])}"
+
+
+def assert_same_on_one_thread(args, batched):
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(run(args), batched)
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("block_size", [16, 256])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("group", [1, 4, 8])
@@ -67,19 +86,10 @@ def test_reference_detects_wrong_keys():
 
 def test_row_independent_of_batch_and_threads():
     """Each token alone, and the batch on 1 thread, give the batch's bits exactly."""
-    q, k_cache, v_cache, tables, seq_of_token, positions, scale, out = args = make_inputs(4, 128, 16)
+    args = make_inputs(4, 128, 16)
     batched = run(args).clone()
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(run(args), batched)
-    finally:
-        torch.set_num_threads(threads)
-    for t in range(0, q.shape[0], 7):
-        alone = torch.empty_like(q[t : t + 1])
-        torch.ops.ssd.paged_attention(q[t : t + 1], k_cache, v_cache, tables, seq_of_token[t : t + 1],
-                                      positions[t : t + 1], scale, alone)
-        assert torch.equal(alone[0], batched[t]), f"token {t}"
+    assert_same_on_one_thread(args, batched)
+    assert_rows_alone_equal(args, batched, step=7)
 
 
 def make_long_inputs(seed: int = 5):
@@ -112,19 +122,10 @@ def test_split_rows_independent_of_batch_chunk_and_threads():
     """A query whose keys span several splits has the same bits alone, inside
     its verify chunk, inside the batch, and on one thread: the splits sit at
     fixed key positions and are combined in a fixed order."""
-    q, k_cache, v_cache, tables, seq_of_token, positions, scale, out = args = make_long_inputs(seed=6)
+    args = make_long_inputs(seed=6)
     batched = run(args).clone()
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(run(args), batched)
-    finally:
-        torch.set_num_threads(threads)
-    for t in range(q.shape[0]):
-        alone = torch.empty_like(q[t : t + 1])
-        torch.ops.ssd.paged_attention(q[t : t + 1], k_cache, v_cache, tables, seq_of_token[t : t + 1],
-                                      positions[t : t + 1], scale, alone)
-        assert torch.equal(alone[0], batched[t]), f"token {t} at position {int(positions[t])}"
+    assert_same_on_one_thread(args, batched)
+    assert_rows_alone_equal(args, batched)
 
 
 @pytest.mark.parametrize("head_dim", [64, 80])
@@ -197,13 +198,8 @@ def test_cuda_matches_cpu(group, head_dim, block_size):
 @pytest.mark.cuda
 def test_cuda_row_independent_of_batch():
     args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in make_inputs(8, 128, 16)]
-    q, k_cache, v_cache, tables, seq_of_token, positions, scale, out = args
     batched = run(args).clone()
-    for t in range(0, q.shape[0], 5):
-        alone = torch.empty_like(q[t : t + 1])
-        torch.ops.ssd.paged_attention(q[t : t + 1], k_cache, v_cache, tables, seq_of_token[t : t + 1],
-                                      positions[t : t + 1], scale, alone)
-        assert torch.equal(alone[0], batched[t]), f"token {t}"
+    assert_rows_alone_equal(args, batched, step=5)
 
 
 @pytest.mark.cuda
@@ -217,13 +213,9 @@ def test_cuda_splits_match_cpu_and_are_batch_invariant(window):
     expected = args[-1].clone()
     cuda_args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
     torch.ops.ssd.paged_attention(*cuda_args, window)
-    q, k_cache, v_cache, tables, seq_of_token, positions, scale, out = cuda_args
+    out = cuda_args[-1]
     torch.testing.assert_close(out.cpu(), expected, atol=1e-5, rtol=1e-5)
-    for t in range(q.shape[0]):
-        alone = torch.empty_like(q[t : t + 1])
-        torch.ops.ssd.paged_attention(q[t : t + 1], k_cache, v_cache, tables, seq_of_token[t : t + 1],
-                                      positions[t : t + 1], scale, alone, window)
-        assert torch.equal(alone[0], out[t]), f"token {t} at position {int(positions[t])}"
+    assert_rows_alone_equal(cuda_args, out, window=window)
 
 
 @pytest.mark.cuda
@@ -234,12 +226,7 @@ def test_cuda_bf16_cache_matches_cpu():
     k16, v16 = k_cache.bfloat16(), v_cache.bfloat16()
     want = torch.empty_like(out)
     torch.ops.ssd.paged_attention(q, k16, v16, tables, seq_of_token, positions, scale, want)
-    args = [a.cuda() for a in (q, k16, v16, tables, seq_of_token, positions)]
-    got = torch.empty_like(args[0])
-    torch.ops.ssd.paged_attention(*args, scale, got)
+    args = [a.cuda() for a in (q, k16, v16, tables, seq_of_token, positions)] + [scale, torch.empty_like(q).cuda()]
+    got = run(args)
     torch.testing.assert_close(got.cpu(), want, atol=1e-5, rtol=1e-5)
-    for t in range(q.shape[0]):
-        alone = torch.empty_like(got[t : t + 1])
-        torch.ops.ssd.paged_attention(args[0][t : t + 1], args[1], args[2], args[3], args[4][t : t + 1],
-                                      args[5][t : t + 1], scale, alone)
-        assert torch.equal(alone[0], got[t]), f"token {t}"
+    assert_rows_alone_equal(args, got)

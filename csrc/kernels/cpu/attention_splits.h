@@ -54,4 +54,17 @@ AttentionPlan attention_plan(std::vector<RowRun> runs, const std::vector<int64_t
 void attention_combine(const AttentionPlan& plan, float* out, int64_t ldo, int64_t num_heads, int64_t head_dim,
                        int64_t begin, int64_t end);
 
+/// One attention call over its plan: units(begin, end) for every work unit,
+/// then attention_combine over the `rows` query rows where needed, each
+/// phase through parallel_for(count, fn) (the caller's thread pool).
+template <typename ParallelFor, typename Units>
+void run_attention(AttentionPlan& plan, int64_t num_kv_heads, int64_t rows, float* out, int64_t ldo,
+                   int64_t num_heads, int64_t head_dim, ParallelFor parallel_for, Units units) {
+  parallel_for(plan.num_units(num_kv_heads), [&](int64_t begin, int64_t end) { units(plan, begin, end); });
+  if (plan.needs_combine)
+    parallel_for(rows, [&](int64_t begin, int64_t end) {
+      attention_combine(plan, out, ldo, num_heads, head_dim, begin, end);
+    });
+}
+
 }  // namespace ssd::kernels

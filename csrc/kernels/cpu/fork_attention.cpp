@@ -20,12 +20,10 @@ void fork_attention_units(const ForkAttentionParams& p, AttentionPlan& plan, int
 
 void fork_attention(const ForkAttentionParams& params, ThreadPool& pool) {
   AttentionPlan plan = fork_attention_plan(params);
-  pool.parallel_for(plan.num_units(params.kv.num_kv_heads), 1,
-                    [&](int64_t begin, int64_t end) { fork_attention_units(params, plan, begin, end); });
-  if (plan.needs_combine)
-    pool.parallel_for(params.num_branches, 1, [&](int64_t begin, int64_t end) {
-      attention_combine(plan, params.out, params.ldo, params.num_heads, params.kv.head_dim, begin, end);
-    });
+  run_attention(
+      plan, params.kv.num_kv_heads, params.num_branches, params.out, params.ldo, params.num_heads,
+      params.kv.head_dim, [&](int64_t count, const auto& fn) { pool.parallel_for(count, 1, fn); },
+      [&](AttentionPlan& pl, int64_t begin, int64_t end) { fork_attention_units(params, pl, begin, end); });
 }
 
 }  // namespace ssd::kernels

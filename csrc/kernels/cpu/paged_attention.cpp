@@ -34,7 +34,7 @@ AttentionPlan paged_attention_plan(const PagedAttentionParams& p) {
     const int32_t* table = p.block_tables + p.seq_of_token[t] * p.max_blocks;
     if (table[p.positions[t] / p.kv.block_size] < 0) continue;  // padding: no keys
     end[t] = p.positions[t] + 1;
-    first[t] = p.window > 0 ? std::max<int64_t>(0, end[t] - p.window) : 0;
+    first[t] = window_first_key(end[t], p.window);
   }
   return attention_plan(same_sequence_runs(p.seq_of_token, p.tokens, kMaxSharedRows), first, end, p.num_heads,
                         p.kv.head_dim);
@@ -51,11 +51,10 @@ void paged_attention(const PagedKv& kv, const float* q, int64_t ldq, float* out,
   const PagedAttentionParams params{kv, q, ldq, out, ldo, tokens, num_heads, seq_of_token, positions,
                                     block_tables, max_blocks, scale, window};
   AttentionPlan plan = paged_attention_plan(params);
-  pool.parallel_for(plan.num_units(kv.num_kv_heads), 1,
-                    [&](int64_t begin, int64_t end) { paged_attention_units(params, plan, begin, end); });
-  if (plan.needs_combine)
-    pool.parallel_for(tokens, 1,
-                      [&](int64_t begin, int64_t end) { attention_combine(plan, out, ldo, num_heads, kv.head_dim, begin, end); });
+  run_attention(
+      plan, kv.num_kv_heads, tokens, out, ldo, num_heads, kv.head_dim,
+      [&](int64_t count, const auto& fn) { pool.parallel_for(count, 1, fn); },
+      [&](AttentionPlan& pl, int64_t begin, int64_t end) { paged_attention_units(params, pl, begin, end); });
 }
 
 }  // namespace ssd::kernels

@@ -71,6 +71,14 @@ bool valid(const ForkAttentionParams& p) {
          attention::aligned16(p.path_k) && attention::aligned16(p.path_v);
 }
 
+// The kernel, then the merge of split branches.
+template <int D>
+cudaError_t launch(const ForkAttentionParams& p, dim3 grid, cudaStream_t stream) {
+  fork_attention_kernel<D><<<grid, attention::kThreads, 0, stream>>>(p);
+  if (cudaPeekAtLastError() != cudaSuccess) return cudaGetLastError();
+  return attention::combine_splits<D>(p.out, p.ldo, p.num_branches, p.num_heads, workspace(p), stream);
+}
+
 }  // namespace
 
 cudaError_t fork_attention(const ForkAttentionParams& params, cudaStream_t stream) {
@@ -79,15 +87,8 @@ cudaError_t fork_attention(const ForkAttentionParams& params, cudaStream_t strea
   const int64_t group = params.num_heads / params.num_kv_heads;
   const dim3 grid(static_cast<unsigned>(params.num_branches), static_cast<unsigned>(params.num_kv_heads),
                   static_cast<unsigned>((group + kMaxGroup - 1) / kMaxGroup * params.max_splits));
-  const attention::SplitWorkspace ws = workspace(params);
-  if (params.head_dim == 64) {
-    fork_attention_kernel<64><<<grid, attention::kThreads, 0, stream>>>(params);
-    if (cudaPeekAtLastError() != cudaSuccess) return cudaGetLastError();
-    return attention::combine_splits<64>(params.out, params.ldo, params.num_branches, params.num_heads, ws, stream);
-  }
-  fork_attention_kernel<128><<<grid, attention::kThreads, 0, stream>>>(params);
-  if (cudaPeekAtLastError() != cudaSuccess) return cudaGetLastError();
-  return attention::combine_splits<128>(params.out, params.ldo, params.num_branches, params.num_heads, ws, stream);
+  if (params.head_dim == 64) return launch<64>(params, grid, stream);
+  return launch<128>(params, grid, stream);
 }
 
 }  // namespace ssd::kernels::cuda

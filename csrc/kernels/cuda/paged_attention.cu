@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(attention::kThreads) paged_attention_kernel(Pa
     return;
   }
   const int n = p.positions[t] + 1;
-  const int first_key = p.window > 0 && n > p.window ? n - static_cast<int>(p.window) : 0;
+  const int first_key = static_cast<int>(window_first_key(n, p.window));
   const PagedKeys<T> keys{static_cast<const T*>(p.k_cache) + kv_head * D, static_cast<const T*>(p.v_cache) + kv_head * D,
                           table, static_cast<int>(p.block_size), p.num_kv_heads * D};
   attention::attend_split<D>(keys, first_key, n, split, chunk, p.q + t * p.ldq + head0 * D,
@@ -70,6 +70,17 @@ bool valid(const PagedAttentionParams& p) {
          attention::aligned16(p.k_cache) && attention::aligned16(p.v_cache);
 }
 
+// The kernel over the cache's type, then the merge of split queries.
+template <int D>
+cudaError_t launch(const PagedAttentionParams& p, dim3 grid, cudaStream_t stream) {
+  if (p.kv_bf16)
+    paged_attention_kernel<D, uint16_t><<<grid, attention::kThreads, 0, stream>>>(p);
+  else
+    paged_attention_kernel<D, float><<<grid, attention::kThreads, 0, stream>>>(p);
+  if (cudaPeekAtLastError() != cudaSuccess) return cudaGetLastError();
+  return attention::combine_splits<D>(p.out, p.ldo, p.num_tokens, p.num_heads, workspace(p), stream);
+}
+
 }  // namespace
 
 cudaError_t paged_attention(const PagedAttentionParams& params, cudaStream_t stream) {
@@ -78,21 +89,8 @@ cudaError_t paged_attention(const PagedAttentionParams& params, cudaStream_t str
   const int64_t group = params.num_heads / params.num_kv_heads;
   const dim3 grid(static_cast<unsigned>(params.num_tokens), static_cast<unsigned>(params.num_kv_heads),
                   static_cast<unsigned>((group + kMaxGroup - 1) / kMaxGroup * params.max_splits));
-  const attention::SplitWorkspace ws = workspace(params);
-  if (params.head_dim == 64) {
-    if (params.kv_bf16)
-      paged_attention_kernel<64, uint16_t><<<grid, attention::kThreads, 0, stream>>>(params);
-    else
-      paged_attention_kernel<64, float><<<grid, attention::kThreads, 0, stream>>>(params);
-    if (cudaPeekAtLastError() != cudaSuccess) return cudaGetLastError();
-    return attention::combine_splits<64>(params.out, params.ldo, params.num_tokens, params.num_heads, ws, stream);
-  }
-  if (params.kv_bf16)
-    paged_attention_kernel<128, uint16_t><<<grid, attention::kThreads, 0, stream>>>(params);
-  else
-    paged_attention_kernel<128, float><<<grid, attention::kThreads, 0, stream>>>(params);
-  if (cudaPeekAtLastError() != cudaSuccess) return cudaGetLastError();
-  return attention::combine_splits<128>(params.out, params.ldo, params.num_tokens, params.num_heads, ws, stream);
+  if (params.head_dim == 64) return launch<64>(params, grid, stream);
+  return launch<128>(params, grid, stream);
 }
 
 }  // namespace ssd::kernels::cuda

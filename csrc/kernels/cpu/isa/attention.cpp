@@ -35,6 +35,7 @@ void for_each_unit(const PagedKv& kv, const T* k, const T* v, int64_t num_heads,
   for (int64_t u = begin; u < end; ++u) {
     const int64_t kv_head = u % kv.num_kv_heads, piece = u / kv.num_kv_heads;
     scratch.rows.clear();
+    scratch.tokens.clear();
     body(Unit<T>{run_of(piece), kv_head, group, d, kv.num_kv_heads * d, kv_head * group * d, k + kv_head * d,
                  v + kv_head * d},
          scratch, piece);
@@ -45,6 +46,7 @@ void for_each_unit(const PagedKv& kv, const T* k, const T* v, int64_t num_heads,
 /// the piece's run attending to keys of the piece's split, over those keys
 /// (range(t) -> {first key, end}); a row whose keys lie in this one split
 /// writes its output, the others a partial row for attention_combine.
+/// scratch.tokens[r] is the query row (token, branch) of scratch row r.
 template <typename T, typename Range>
 void add_split_rows(AttentionPlan& plan, const Unit<T>& u, int64_t piece, int64_t num_heads, const float* q,
                     int64_t ldq, float* out, int64_t ldo, Range range, AttentionScratch& scratch) {
@@ -55,6 +57,7 @@ void add_split_rows(AttentionPlan& plan, const Unit<T>& u, int64_t piece, int64_
     if (splits == 0 || split < plan.first_split[t] || split >= plan.first_split[t] + splits) continue;
     const auto [first_key, end] = range(t);
     const float* q_row = q + t * ldq + u.first_head;
+    scratch.tokens.push_back(t);
     const int64_t row = plan.partial_row_of(t, split, u.first_head / u.d, num_heads);
     if (row < 0) {
       scratch.rows.push_back({q_row, out + t * ldo + u.first_head, end, first_key});
@@ -75,7 +78,7 @@ void paged_units(const PagedAttentionParams& p, const T* k, const T* v, Attentio
                 [&](const Unit<T>& u, AttentionScratch& scratch, int64_t piece) {
     const auto range = [&](int64_t t) {
       const int64_t n = p.positions[t] + 1;
-      return std::pair<int64_t, int64_t>{p.window > 0 ? std::max<int64_t>(0, n - p.window) : 0, n};
+      return std::pair<int64_t, int64_t>{window_first_key(n, p.window), n};
     };
     add_split_rows(plan, u, piece, p.num_heads, p.q, p.ldq, p.out, p.ldo, range, scratch);
     if (scratch.rows.empty()) return;
@@ -103,13 +106,7 @@ void fork_attention_units(const ForkAttentionParams& p, AttentionPlan& plan, int
     const auto range = [&](int64_t n) { return std::pair<int64_t, int64_t>{0, int64_t{p.prefix_len[n]} + p.path_len[n]}; };
     add_split_rows(plan, u, piece, p.num_heads, p.q, p.ldq, p.out, p.ldo, range, scratch);
     if (scratch.rows.empty()) return;
-    // The rows pushed are in run order but only those attending to this
-    // split: row r of the scratch is branch branch_of[r].
-    std::vector<int64_t> branch_of;
-    for (int64_t n = u.run.first; n < u.run.first + u.run.count; ++n) {
-      const int64_t split = plan.pieces[piece].split;
-      if (split >= plan.first_split[n] && split < plan.first_split[n] + plan.num_splits[n]) branch_of.push_back(n);
-    }
+    const std::vector<int64_t>& branch_of = scratch.tokens;  // scratch row r serves branch branch_of[r]
     const int32_t* table = p.block_tables + p.branch_seq[u.run.first] * p.max_blocks;
     // Key i of branch n: prefix position i, then path slot i - prefix.
     const auto offset = [&](int64_t r, int64_t i) {

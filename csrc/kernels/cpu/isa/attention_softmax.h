@@ -103,6 +103,7 @@ struct QueryRow {
 /// Scratch space of attend_rows, reused between calls.
 struct AttentionScratch {
   std::vector<QueryRow> rows;
+  std::vector<int64_t> tokens;  // the caller's index of each row (attend_rows does not read it)
   std::vector<float> scores;  // [max n, rows * heads], key-major
   std::vector<float> max_score;
   std::vector<float> denom;
