@@ -23,10 +23,10 @@ The load dtypes (``ssd.models.load(..., dtype=)``, ``EngineConfig.dtype``):
 """
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable
 
-import gguf
 import numpy as np
 import torch
 
@@ -35,14 +35,31 @@ LOAD_FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")  # those gguf-py can qua
 DTYPES = ("float32", "bfloat16", *LOAD_FORMATS, "auto")
 BLOCK = 32  # weights per block of the load formats (the k-quants' blocks hold 256)
 
-GGML_TYPES = {fmt: getattr(gguf.GGMLQuantizationType, fmt.upper()) for fmt in FORMATS}
-_FORMAT_OF_TYPE = {t: fmt for fmt, t in GGML_TYPES.items()}
 
-# ggml types read as plain floats (no warning when they are dequantised).
-_FLOAT_TYPES = {gguf.GGMLQuantizationType.F32}
-# 16-bit float types an "auto" load keeps as torch tensors of their own dtype
-# (the CPU backend multiplies fp16 matrices as they are; bf16 is a model dtype).
-_SIXTEEN_BIT = {gguf.GGMLQuantizationType.F16: torch.float16, gguf.GGMLQuantizationType.BF16: torch.bfloat16}
+
+def gguf_package():
+    """The gguf package, imported on first use: ``ssd.models`` loads HF
+    checkpoints without it (the GPU machines lack it)."""
+    try:
+        import gguf
+    except ImportError as e:
+        raise ImportError("GGUF files and block formats need the gguf package: pip install gguf") from e
+    return gguf
+
+
+@functools.cache
+def ggml_types() -> dict:
+    """Format name -> ggml tensor type, for FORMATS."""
+    return {fmt: getattr(gguf_package().GGMLQuantizationType, fmt.upper()) for fmt in FORMATS}
+
+
+@functools.cache
+def _sixteen_bit() -> dict:
+    # 16-bit float types an "auto" load keeps as torch tensors of their own dtype
+    # (the CPU backend multiplies fp16 matrices as they are; bf16 is a model dtype).
+    types = gguf_package().GGMLQuantizationType
+    return {types.F16: torch.float16, types.BF16: torch.bfloat16}
+
 
 log = logging.getLogger("ssd")
 
@@ -54,24 +71,24 @@ def is_matrix(name: str) -> bool:
 
 def native_format(tensor_type) -> str | None:
     """The format name of a ggml tensor type ssd multiplies in its blocks, else None."""
-    return _FORMAT_OF_TYPE.get(tensor_type)
+    return next((fmt for fmt, t in ggml_types().items() if t == tensor_type), None)
 
 
 def block_weights(fmt: str) -> int:
     """Weights per GGUF block of ``fmt`` (32, or 256 for the k-quants)."""
-    return gguf.GGML_QUANT_SIZES[GGML_TYPES[fmt]][0]
+    return gguf_package().GGML_QUANT_SIZES[ggml_types()[fmt]][0]
 
 
 def row_bytes(fmt: str, k: int) -> int:
     """Bytes of one GGUF row of ``k`` weights (a multiple of the block) in ``fmt``."""
-    weights, size = gguf.GGML_QUANT_SIZES[GGML_TYPES[fmt]]
+    weights, size = gguf_package().GGML_QUANT_SIZES[ggml_types()[fmt]]
     return k // weights * size
 
 
 def quantize(tensor: torch.Tensor, fmt: str) -> torch.Tensor:
     """A float matrix [n, k] (k a multiple of 32) -> its GGUF rows in ``fmt``, uint8 [n, row_bytes]."""
     array = tensor.detach().to("cpu", torch.float32).contiguous().numpy()
-    return torch.from_numpy(np.ascontiguousarray(gguf.quants.quantize(array, GGML_TYPES[fmt])))
+    return torch.from_numpy(np.ascontiguousarray(gguf_package().quants.quantize(array, ggml_types()[fmt])))
 
 
 def quantize_matrices(weights: dict[str, torch.Tensor], fmt: str, source: str) -> dict[str, str]:
@@ -105,9 +122,10 @@ def warn_dequantized(types: Iterable[str], source: str) -> None:
 
 def sixteen_bit_dtype(tensor_type) -> torch.dtype | None:
     """torch.float16 / torch.bfloat16 for a ggml F16 / BF16 tensor type, else None."""
-    return _SIXTEEN_BIT.get(tensor_type)
+    return _sixteen_bit().get(tensor_type)
 
 
 def is_float_type(tensor_type) -> bool:
     """Whether a ggml type is stored as fp32 (read as is, no warning)."""
-    return tensor_type in _FLOAT_TYPES
+    # ggml types read as plain floats (no warning when they are dequantised).
+    return tensor_type == gguf_package().GGMLQuantizationType.F32
