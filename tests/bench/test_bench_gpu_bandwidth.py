@@ -72,14 +72,25 @@ def test_override_wins_and_cpu_has_none(monkeypatch):
 
 
 def test_bound_recorded_with_its_bandwidth():
-    # 16 GB of weights at 3.2 TB/s: 200 tok/s; 150 tok/s is 75 % of it, 1600 GB/s is half of 3.2 TB/s.
-    result = {"target_weight_bytes": 16e9, "ar": {"tok_s": 150.0}, "linear": [{"gb_s": 1600.0}]}
+    # A step reads 15.5 GB of weights and 0.5 GB of KV cache: 16 GB at 3.2 TB/s is 200 tok/s; 150 tok/s is
+    # 75 % of it, 1600 GB/s is half of 3.2 TB/s.
+    result = {"target_weight_bytes": 15.5e9, "ar": {"tok_s": 150.0, "step_bytes": 16e9},
+              "linear": [{"matrix": "down", "gb_s": 1600.0}]}
     line = add_bandwidth_bound(result, 3.2e12, "datasheet for X")
     assert result["bandwidth_bound_tok_s"] == pytest.approx(200.0)
     assert result["ar_fraction_of_bound"] == pytest.approx(0.75)
     assert result["linear"][0]["fraction_of_bandwidth"] == pytest.approx(0.5)
     assert result["bandwidth_bytes_s"] == 3.2e12 and result["bandwidth_source"] == "datasheet for X"
-    assert line == "ar at 75% of the 200 tok/s bandwidth bound (3.20 TB/s, datasheet for X)"
+    assert line.splitlines() == ["ar at 75% of the 200 tok/s bandwidth bound (3.20 TB/s, datasheet for X)",
+                                 "linear down: 50% of the bandwidth"]
+
+
+def test_bound_without_a_batch_1_ar_run():
+    # ar failed: no ar bound, the products' fractions still recorded.
+    result = {"linear": [{"matrix": "o", "gb_s": 320.0}]}
+    line = add_bandwidth_bound(result, 3.2e12, "--bandwidth-gbs")
+    assert "bandwidth_bound_tok_s" not in result and result["linear"][0]["fraction_of_bandwidth"] == pytest.approx(0.1)
+    assert line.splitlines()[0] == "memory bandwidth 3.20 TB/s (--bandwidth-gbs): no batch-1 ar run to bound"
 
 
 def test_bandwidth_option_must_be_positive():

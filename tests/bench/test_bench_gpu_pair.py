@@ -72,7 +72,8 @@ def test_bench_gpu_tiny_reports_every_mode_at_both_batches(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(ssd.__file__).resolve().parents[1])}
     # What scripts/gpu_check.sh --cpu runs.
     proc = subprocess.run([sys.executable, "-m", "ssd.bench", "gpu", "--device", "cpu", "--shapes", "tiny",
-                           "--max-tokens", "24", "--repeats", "2", "--json", str(out)],
+                           "--max-tokens", "24", "--repeats", "2", "--contexts", "64", "256", "--prefill-tokens",
+                           "256", "--time-budget-s", "55", "--json", str(out)],
                           capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(out.read_text())
@@ -102,6 +103,10 @@ def test_bench_gpu_tiny_reports_every_mode_at_both_batches(tmp_path):
     assert abs(pair["agreement_calibration"] - 0.75) <= 2 * gpu_pair.TOLERANCE
     assert abs(pair["agreement_measured"] - 0.75) <= HELD_OUT_TOLERANCE
     assert 0 <= pair["agreement_on_ar_output"] <= 1
+    # The long-context measurements (tests/bench/test_bench_gpu_context.py checks their fields).
+    assert [(r["context"], r["tok_s"] > 0) for r in result["contexts"]["runs"]] == [(64, True), (256, True)]
+    assert result["prefill"]["batch_invariant"]["from"] == "the 256-token context run"
+    assert result["outside_kernels"]["fraction"] is None
     assert result["all_match_ar"] is True and result["errors"] == []
     assert "ssd       4" in proc.stdout and "greedy sd and ssd equal ar: True" in proc.stdout
 

@@ -25,9 +25,9 @@ SUBCOMMANDS = {
                    "batch-1 bf16 decode tok/s on 1 and 2 threads, alone and beside a competing busy process"),
     "serve": ("ssd.bench.serve", "[--url URL | --modes ar,sd,ssd] [--rates R,...] [--json FILE] [--plot FILE]",
               "TTFT, inter-token latency and output tok/s of ssd serve under Poisson request rates"),
-    "gpu": ("ssd.bench.gpu", "[--device cuda|cpu] [--shapes llama|tiny] [--json FILE]",
+    "gpu": ("ssd.bench.gpu", "[--device cuda|cpu] [--shapes llama|tiny] [--contexts N ...] [--json FILE]",
             "ar, sd and ssd at batch 1 and 4 on a 1B draft and a target of an 8B's bytes built from it, "
-            "made on the device; ar against the bandwidth bound"),
+            "made on the device; ar against the bandwidth bound at contexts 1K-16K, prefill, kernel time"),
     "fallback": ("ssd.bench.fallback", "--auto FILE [--json FILE] [--plot FILE]",
                  "ssd with the neural and the fast cache-miss fallback forced, beside a default run's auto"),
     "coupling": ("ssd.bench.coupling", "[--temperature 0.7,1.0] [--saguaro-c 1,0.5] [--json FILE] [--plot FILE]",

@@ -19,14 +19,20 @@ speed model's predicted speedup (``llm.stats()``, docs/metrics.md) over the
 timed runs; the ssd/sd and sd/ar ratios per batch; the pair's achieved
 agreement (the engine's forward on held-out prompts, and the draft's on ar's
 own output, which is what greedy sd verifies); batch-1 ar against the
-memory-bandwidth bound (weight bytes / bandwidth: every decode step reads
-every weight once; the bandwidth is the device's own, see
+memory-bandwidth bound (the bytes a decode step reads over the bandwidth:
+every weight once and the KV cache at the step's context,
+``gpu_context.step_bytes``; the bandwidth is the device's own, see
 ``device_bandwidth``), the same with stock cuBLAS products
-(``batch_invariant=False``), and the bandwidth of batch-1 matrix products of
-the forward's largest matrices. A run that fails (ssd where the engine
-refuses it on the device) records its error and the others go on.
-``--shapes tiny --device cpu`` runs the same steps on tiny shapes on the CPU
-(what ``scripts/gpu_check.sh --cpu`` does).
+(``batch_invariant=False``); and (``ssd.bench.gpu_context``) batch-1 ar
+decode at ``--contexts`` (1K, 4K and 16K) each against its bound, prefill
+tok/s of a ``--prefill-tokens`` (4K) prompt with and without batch-invariant
+products, the share of a decode step outside CUDA kernels, and the GB/s of
+a batch-1 product with each of the forward's matrices. A run that fails (ssd
+where the engine refuses it on the device) records its error and the others
+go on; ``--time-budget-s`` skips, and records as skipped, long-context
+measurements that would end past it. ``--shapes tiny --device cpu`` runs the
+same steps on tiny shapes (contexts 64 and 256, prefill 256) on the CPU
+(what ``scripts/gpu_check.sh --cpu`` does); what needs CUDA is None there.
 
 Exit status 1 when a run failed or sd's or ssd's tokens differ from ar's.
 """
@@ -110,30 +116,47 @@ def device_bandwidth(device: str, override_gbs: float | None = None) -> tuple[fl
 
 
 def add_bandwidth_bound(result: dict, bandwidth: float | None, source: str) -> str:
-    """Record the bandwidth bound in `result` (its ar tok/s, the target's
-    weight bytes and the linear rows' GB/s against `bandwidth` bytes/s); the
-    line to print. An unknown bandwidth records none and says so."""
+    """Record the bandwidth bound in `result` against `bandwidth` bytes/s: a
+    step's bytes over the bandwidth is the step's least time, so the bound in
+    tok/s at batch 1 is bandwidth / step_bytes; batch-1 ar's fraction of it
+    (``result["ar"]``), each long-context run's (``result["contexts"]``) and
+    each linear row's fraction of the bandwidth. The lines to print; an
+    unknown bandwidth records none and says so."""
     result["bandwidth_bytes_s"] = bandwidth
     result["bandwidth_source"] = source
     if bandwidth is None:
         return f"memory bandwidth {source}: no bound"
-    bound = bandwidth / result["target_weight_bytes"]
-    result["bandwidth_bound_tok_s"] = bound
-    result["ar_fraction_of_bound"] = result["ar"]["tok_s"] / bound
+    lines = [f"memory bandwidth {bandwidth / 1e12:.2f} TB/s ({source}): no batch-1 ar run to bound"]
+    if "ar" in result:
+        bound = bandwidth / result["ar"]["step_bytes"]
+        result["bandwidth_bound_tok_s"] = bound
+        result["ar_fraction_of_bound"] = result["ar"]["tok_s"] / bound
+        lines = [f"ar at {result['ar_fraction_of_bound']:.0%} of the {bound:.0f} tok/s bandwidth bound "
+                 f"({bandwidth / 1e12:.2f} TB/s, {source})"]
+    for row in result.get("contexts", {}).get("runs", []):
+        if row.get("tok_s") is not None:
+            row["bound_tok_s"] = bandwidth / row["step_bytes"]
+            row["fraction_of_bound"] = row["tok_s"] / row["bound_tok_s"]
+            lines.append(f"ar at context {row['context']}: {row['tok_s']:.1f} tok/s, {row['fraction_of_bound']:.0%} "
+                         f"of its {row['bound_tok_s']:.0f} tok/s bound ({row['step_bytes'] / 1e9:.3f} GB a step)")
     for row in result["linear"]:
         row["fraction_of_bandwidth"] = row["gb_s"] * 1e9 / bandwidth
-    return (f"ar at {result['ar_fraction_of_bound']:.0%} of the {bound:.0f} tok/s bandwidth bound "
-            f"({bandwidth / 1e12:.2f} TB/s, {source})")
+        line = f"linear {row['matrix']}: {row['fraction_of_bandwidth']:.0%} of the bandwidth"
+        if row.get("kernel_gb_s") is not None:
+            row["kernel_fraction_of_bandwidth"] = row["kernel_gb_s"] * 1e9 / bandwidth
+            line += f" ({row['kernel_fraction_of_bandwidth']:.0%} over its kernels' time)"
+        lines.append(line)
+    return "\n".join(lines)
 
 
-def generated_model(shape: dict, device: str, dtype, seed: int, name: str):
-    """A LoadedModel of `shape` with random weights made on `device`."""
+def generated_model(shape: dict, device: str, dtype, seed: int, name: str, max_positions: int = 8192):
+    """A LoadedModel of `shape` with random weights made on `device`, for sequences of up to max_positions."""
     import torch
 
     from ssd.models.config import ModelConfig
     from ssd.models.loaded import LoadedModel
 
-    cfg = ModelConfig(architecture="LlamaForCausalLM", max_position_embeddings=8192, **shape)
+    cfg = ModelConfig(architecture="LlamaForCausalLM", max_position_embeddings=max_positions, **shape)
     gen = torch.Generator(device=device).manual_seed(seed)
 
     def matrix(n, k):
@@ -224,44 +247,20 @@ def engine_report(mode: str, counters: dict, metrics: dict) -> dict:
     return report
 
 
-def linear_bandwidth(device: str, shape: dict, repeats: int = 20) -> list[dict]:
-    """Batch-1 bf16 matrix-vector products of `shape`'s largest matrices
-    through the backend's linear step: the weight bytes each call streams over
-    the median call time (a call includes its stream synchronization)."""
-    import torch
-
-    from ssd import _C
-
-    steps = _C.testing.BackendSteps(device)
-    h, f = shape["hidden_size"], shape["intermediate_size"]
-    rows = []
-    for name, n, k in [("gate_up", 2 * f, h), ("down", h, f), ("lm_head", shape["vocab_size"], h)]:
-        w = torch.randn(n, k, device=device).to(torch.bfloat16)
-        x = torch.randn(1, k, device=device)
-        steps.linear(x, w, None, bf16=True)  # warm-up
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            steps.linear(x, w, None, bf16=True)
-            times.append(time.perf_counter() - t0)
-        sec = statistics.median(times)
-        rows.append({"matrix": name, "n": n, "k": k, "seconds": sec, "gb_s": n * k * 2 / sec / 1e9})
-        print(f"linear {name} [{n}, {k}] bf16, 1 row: {sec * 1e6:.0f} us, {rows[-1]['gb_s']:.0f} GB/s", flush=True)
-        del w
-    return rows
-
-
 def build_pair(args) -> tuple:
     """The draft, the constructed target and the pair's record (layers, bytes, calibration)."""
     import torch
 
     from ssd.models.config import ModelConfig
 
-    from . import gpu_pair
+    from . import gpu_context, gpu_pair
 
     shapes = SHAPES[args.shapes]
     started = time.perf_counter()
-    draft = generated_model(shapes["draft"], args.device, torch.bfloat16, seed=2, name=f"{args.shapes}-draft")
+    longest = max(args.prompt_tokens + args.max_tokens + 16,
+                  gpu_context.engine_length(args.contexts, args.context_tokens, args.prefill_tokens))
+    draft = generated_model(shapes["draft"], args.device, torch.bfloat16, seed=2, name=f"{args.shapes}-draft",
+                            max_positions=max(8192, longest))
     reference = ModelConfig(architecture="LlamaForCausalLM", **shapes["target"])
     plan = gpu_pair.layer_plan(draft.config, reference)
     vocab = draft.config.vocab_size
@@ -327,15 +326,17 @@ TABLE_HEADER = (f"{'mode':<5}{'batch':>6}{'tok/s':>10}{'vs ar':>8}{'predicted':>
 def run(args) -> dict:
     import torch
 
-    from . import gpu_pair
+    from . import gpu_context, gpu_pair
 
     dev = args.device
+    deadline = gpu_context.Deadline(getattr(args, "started", time.perf_counter()), args.time_budget_s)
     if dev == "cpu":
         torch.set_num_threads(1)  # tiny shapes: more threads only wait on each other (the engine runs 1)
     draft, target, pair = build_pair(args)
     result = {"device": dev, "shapes": args.shapes, "target_weight_bytes": pair["target_weight_bytes"],
               "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens, "repeats": args.repeats,
-              "k": args.k, "batches": args.batches, "pair": pair}
+              "k": args.k, "batches": args.batches, "pair": pair,
+              "prefill": {"tokens": args.prefill_tokens}}
     # Every batch-invariant engine shares these two models (built once, cached by the LoadedModels); the
     # stock-cuBLAS run builds its own from a copy of the weights, taken before the first engine clears them.
     stock = dataclasses.replace(target, weights=dict(target.weights)) if dev.startswith("cuda") else None
@@ -353,11 +354,14 @@ def run(args) -> dict:
     runs = []
     if stock is not None:
         r = run_mode(stock, None, "ar", prompts[:1], args, common, batch_invariant=False)
+        result["prefill"]["stock_cublas"] = gpu_context.stock_prefill(stock, args)
         del stock
         gc.collect()  # its engine and engine model (16 GB on the device) go now, not at some later collection
         result["ar_stock_cublas"] = r
         print(f"ar with stock cuBLAS products, batch 1: "
               f"{r['error'] if 'error' in r else format(r['tok_s'], '.1f') + ' tok/s'}", flush=True)
+    else:
+        result["prefill"]["stock_cublas"] = gpu_context.stock_prefill(None, args)  # says why not
     print(TABLE_HEADER, flush=True)
     result["speedup"] = {}
     for batch in args.batches:
@@ -393,15 +397,28 @@ def run(args) -> dict:
               f"{pair['agreement_on_ar_output']:.3f}", flush=True)
     ar1 = next((r for r in ar_runs if r["batch"] == 1), None)
     if ar1 is not None:
-        result["ar"] = {"batch": 1, "tok_s": ar1["tok_s"]}
-    result["linear"] = linear_bandwidth(dev, SHAPES[args.shapes]["draft"])
+        context = gpu_context.mean_context(args.prompt_tokens, args.max_tokens)
+        result["ar"] = {"batch": 1, "tok_s": ar1["tok_s"], "mean_context": context,
+                        "step_bytes": gpu_context.step_bytes(target.config, pair["target_weight_bytes"], context,
+                                                             gpu_context.kv_cache_dtype_on(dev))}
+    result["linear"] = gpu_context.linear_bandwidth(dev, SHAPES[args.shapes]["draft"])
     if dev.startswith("cuda"):
         result["gpu"] = torch.cuda.get_device_name(torch.device(dev))
-    if ar1 is not None and (dev.startswith("cuda") or args.bandwidth_gbs is not None):
+    # Last, as what --time-budget-s may cut short.
+    long = gpu_context.long_contexts(target, args, deadline, pair["target_weight_bytes"])
+    result["contexts"], result["outside_kernels"] = long["contexts"], long["outside_kernels"]
+    result["prefill"]["batch_invariant"] = long["prefill"]
+    print(gpu_context.format_outside(result["outside_kernels"]), flush=True)
+    print(gpu_context.format_prefill(result["prefill"]), flush=True)
+    if dev.startswith("cuda") or args.bandwidth_gbs is not None:
         print(add_bandwidth_bound(result, *device_bandwidth(dev, args.bandwidth_gbs)), flush=True)
+    result["goals"] = gpu_context.goals(result)
+    if dev.startswith("cuda"):  # on the CPU none is measured
+        print(gpu_context.format_goals(result["goals"]), flush=True)
     result["errors"] = [f"{r['mode']} batch {r['batch']}: {r['error']}" for r in runs if "error" in r]
     if "error" in result.get("ar_stock_cublas", {}):
         result["errors"].append(f"ar_stock_cublas batch 1: {result['ar_stock_cublas']['error']}")
+    result["errors"] += gpu_context.errors(result)
     result["all_match_ar"] = all(r.get("matches_ar", True) for r in runs)
     print(f"greedy sd and ssd equal ar: {result['all_match_ar']}; failed runs: {len(result['errors'])}", flush=True)
     return result
@@ -416,6 +433,9 @@ def _ratio(x: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
+    from . import gpu_context
+
     ap = argparse.ArgumentParser(prog=f"{BENCH_PROG} gpu", description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default: cuda)")
     ap.add_argument("--shapes", default="llama", choices=sorted(SHAPES),
@@ -431,8 +451,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bandwidth-gbs", type=float,
                     help="the device's peak memory bandwidth in GB/s for the bound (default: from the "
                          "device's memory clock and bus width, else its datasheet)")
+    ap.add_argument("--contexts", type=int, nargs="*",
+                    help="batch-1 ar decode after a prompt of each of these lengths (default: 1024 4096 16384; "
+                         "64 256 with --shapes tiny; none given: no long contexts)")
+    ap.add_argument("--context-tokens", type=int, default=gpu_context.CONTEXT_TOKENS,
+                    help=f"tokens generated at each context, the first not timed (default: "
+                         f"{gpu_context.CONTEXT_TOKENS})")
+    ap.add_argument("--prefill-tokens", type=int,
+                    help="the prompt whose prefill tok/s is measured (default: 4096; 256 with --shapes tiny; "
+                         "0: none)")
+    ap.add_argument("--time-budget-s", type=float,
+                    help="seconds from the start the run should end within: a long-context measurement "
+                         "estimated to end past it is skipped and recorded as such (default: no limit)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
+    args.started = started
+    contexts, prefill = gpu_context.DEFAULTS[args.shapes]
+    args.contexts = contexts if args.contexts is None else args.contexts
+    args.prefill_tokens = prefill if args.prefill_tokens is None else args.prefill_tokens
+    if any(c < 1 for c in args.contexts) or len(set(args.contexts)) != len(args.contexts):
+        ap.error(f"--contexts must be distinct positive lengths, got {args.contexts}")
+    if args.context_tokens < 2:
+        ap.error(f"--context-tokens must be at least 2 (the first token is not timed), got {args.context_tokens}")
+    if args.prefill_tokens < 0:
+        ap.error(f"--prefill-tokens must be 0 or more, got {args.prefill_tokens}")
+    if args.time_budget_s is not None and not args.time_budget_s > 0:
+        ap.error(f"--time-budget-s must be positive, got {args.time_budget_s}")
     if args.bandwidth_gbs is not None and not args.bandwidth_gbs > 0:
         ap.error(f"--bandwidth-gbs must be positive, got {args.bandwidth_gbs}")
     if not 0 < args.agreement < 1:
