@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "../kernels/cpu/ops.h"
+#include "../kernels/cpu/paged_attention.h"
 #include "../kernels/cpu/thread_pool.h"
+#include "../kernels/key_splits.h"
 
 namespace ssd::attention {
 
@@ -87,28 +89,16 @@ inline void check_paged_attention_args(const at::Tensor& q, const at::Tensor& k_
                         {&seq_of_token, "seq_of_token"}, {&positions, "positions"}, {&out, "out"}});
 }
 
-/// Every shape, dtype and device check of fork_attention.
+/// Every shape, dtype and device check of fork_attention: paged_attention's,
+/// and prefix_seq, prefix_len [T] i32.
 inline void check_fork_args(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                            const at::Tensor& block_tables, const at::Tensor& branch_seq,
-                            const at::Tensor& prefix_len, const at::Tensor& path_k, const at::Tensor& path_v,
-                            const at::Tensor& path_len, const at::Tensor& out) {
-  check_paged_cache(q, k_cache, v_cache, block_tables);
-  check_per_row(branch_seq, "branch_seq", q.size(0));
+                            const at::Tensor& block_tables, const at::Tensor& seq_of_token,
+                            const at::Tensor& positions, const at::Tensor& prefix_seq, const at::Tensor& prefix_len,
+                            const at::Tensor& out) {
+  check_paged_attention_args(q, k_cache, v_cache, block_tables, seq_of_token, positions, out);
+  check_per_row(prefix_seq, "prefix_seq", q.size(0));
   check_per_row(prefix_len, "prefix_len", q.size(0));
-  check_per_row(path_len, "path_len", q.size(0));
-  check_f32(path_k, "path_k", 4);
-  check_f32(path_v, "path_v", 4);
-  TORCH_CHECK(path_k.is_contiguous() && path_v.is_contiguous(), "path_k and path_v must be contiguous");
-  TORCH_CHECK(path_k.sizes() == path_v.sizes(), "path_k and path_v must have the same shape, got ", path_k.sizes(),
-              " and ", path_v.sizes());
-  TORCH_CHECK(path_k.size(0) == q.size(0) && path_k.size(1) > 0 && path_k.size(2) == k_cache.size(2) &&
-                  path_k.size(3) == k_cache.size(3),
-              "path_k must be [branches=", q.size(0), ", max_path>0, kv_heads=", k_cache.size(2),
-              ", head_dim=", k_cache.size(3), "], got ", path_k.sizes());
-  check_out(out, q);
-  check_same_device(q, {{&k_cache, "k_cache"}, {&v_cache, "v_cache"}, {&block_tables, "block_tables"},
-                        {&branch_seq, "branch_seq"}, {&prefix_len, "prefix_len"}, {&path_k, "path_k"},
-                        {&path_v, "path_v"}, {&path_len, "path_len"}, {&out, "out"}});
+  check_same_device(q, {{&prefix_seq, "prefix_seq"}, {&prefix_len, "prefix_len"}});
 }
 
 /// CPU only: seq[i] in [0, num_seqs); returns the largest last[i] of each
@@ -219,6 +209,67 @@ inline kernels::PagedKv paged_kv(const at::Tensor& k_cache, const at::Tensor& v_
     kv.v = v_cache.data_ptr<float>();
   }
   return kv;
+}
+
+/// CUDA: fills the paged attention params of a checked paged or fork
+/// attention op call and allocates its split workspace (returned, to be kept
+/// until the launch is queued). The most splits any query spans is read off
+/// the positions on the host: a sync, as these ops are for tests; the model
+/// backend knows the positions on the host.
+template <typename Params>
+std::vector<at::Tensor> fill_paged_params(Params& p, const at::Tensor& q, const at::Tensor& k_cache,
+                                          const at::Tensor& v_cache, const at::Tensor& block_tables,
+                                          const at::Tensor& seq_of_token, const at::Tensor& positions, double scale,
+                                          const at::Tensor& out, int64_t window) {
+  TORCH_CHECK(window >= 0, "window must be >= 0 (0: no sliding window), got ", window);
+  TORCH_CHECK(q.size(2) == 64 || q.size(2) == 128, "attention on CUDA supports head_dim 64 and 128, got ", q.size(2));
+  fill_cache_params(p, q, k_cache, v_cache, block_tables, scale, out);
+  p.kv_bf16 = k_cache.scalar_type() == at::kBFloat16;
+  p.num_tokens = q.size(0);
+  p.seq_of_token = seq_of_token.data_ptr<int32_t>();
+  p.positions = positions.data_ptr<int32_t>();
+  p.window = window;
+  const at::Tensor last = positions.to(at::kCPU);
+  return split_workspace(p, p.num_tokens, kernels::max_key_splits(last.data_ptr<int32_t>(), last.size(0), window),
+                         q.options());
+}
+
+/// CPU only: the index checks of paged_attention (and of fork attention's
+/// own tables): positions >= 0, seq_of_token rows of block_tables whose blocks
+/// cover them. Returns the number of attended keys summed over rows.
+inline int64_t check_paged_attention_indices(const at::Tensor& k_cache, const at::Tensor& block_tables,
+                                             const at::Tensor& seq_of_token, const at::Tensor& positions,
+                                             int64_t window) {
+  const int32_t* pos = positions.data_ptr<int32_t>();
+  std::vector<int64_t> last(static_cast<size_t>(positions.size(0)));
+  int64_t keys = 0;
+  for (int64_t t = 0; t < positions.size(0); ++t) {
+    TORCH_CHECK(pos[t] >= 0, "positions[", t, "] = ", pos[t], " is negative");
+    last[t] = pos[t];
+    keys += window > 0 ? std::min<int64_t>(int64_t{pos[t]} + 1, window) : int64_t{pos[t]} + 1;
+  }
+  const auto max_position = max_position_per_seq(seq_of_token, "seq_of_token", last, block_tables.size(0));
+  check_paged_indices(block_tables, max_position, k_cache.size(0), k_cache.size(1));
+  return keys;
+}
+
+/// CPU only: the kernel params of a checked paged_attention call.
+inline kernels::PagedAttentionParams paged_params(const at::Tensor& q, const at::Tensor& k_cache,
+                                                  const at::Tensor& v_cache, const at::Tensor& block_tables,
+                                                  const at::Tensor& seq_of_token, const at::Tensor& positions,
+                                                  double scale, const at::Tensor& out, int64_t window) {
+  return {paged_kv(k_cache, v_cache), q.data_ptr<float>(), q.stride(0), out.data_ptr<float>(), out.stride(0),
+          q.size(0), q.size(1), seq_of_token.data_ptr<int32_t>(), positions.data_ptr<int32_t>(),
+          block_tables.data_ptr<int32_t>(), block_tables.size(1), static_cast<float>(scale), window};
+}
+
+/// CPU only: an op's work units (units(plan, begin, end)) and the combine,
+/// on run_units' threads for `keys` attended keys in all.
+template <typename Units>
+void run_op_units(kernels::AttentionPlan& plan, const kernels::PagedAttentionParams& p, int64_t keys, Units units) {
+  kernels::run_attention(
+      plan, p.kv.num_kv_heads, p.tokens, p.out, p.ldo, p.num_heads, p.kv.head_dim,
+      [&](int64_t count, const auto& fn) { run_units(count, keys * p.num_heads * p.kv.head_dim, fn); }, units);
 }
 
 }  // namespace ssd::attention

@@ -1,4 +1,5 @@
-// torch.ops.ssd.fork_attention on CPU: checks, then kernels/cpu/fork_attention.cpp.
+// torch.ops.ssd.fork_attention on CPU: paged attention's checks and those of
+// the fork, then kernels/cpu/fork_attention.cpp.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -8,55 +9,37 @@
 namespace ssd {
 namespace {
 
-// Checks the index arguments; returns the number of attended keys summed
-// over branches.
-int64_t check_fork_indices(const at::Tensor& k_cache, const at::Tensor& block_tables, const at::Tensor& branch_seq,
-                        const at::Tensor& prefix_len, const at::Tensor& path_len, int64_t max_path) {
+// Every row forks at 0..positions[t] from a row of block_tables whose blocks
+// cover its prefix.
+void check_fork_indices(const at::Tensor& k_cache, const at::Tensor& block_tables, const at::Tensor& positions,
+                        const at::Tensor& prefix_seq, const at::Tensor& prefix_len) {
+  const int32_t* pos = positions.data_ptr<int32_t>();
   const int32_t* prefix = prefix_len.data_ptr<int32_t>();
-  const int32_t* path = path_len.data_ptr<int32_t>();
   std::vector<int64_t> last(static_cast<size_t>(prefix_len.size(0)));
-  int64_t keys = 0;
-  for (int64_t n = 0; n < prefix_len.size(0); ++n) {
-    TORCH_CHECK(prefix[n] >= 0, "prefix_len[", n, "] = ", prefix[n], " is negative");
-    TORCH_CHECK(path[n] >= 1 && path[n] <= max_path, "path_len[", n, "] = ", path[n], " is not in 1..", max_path);
-    last[n] = int64_t{prefix[n]} - 1;
-    keys += int64_t{prefix[n]} + path[n];
+  for (int64_t t = 0; t < prefix_len.size(0); ++t) {
+    TORCH_CHECK(prefix[t] >= 0 && prefix[t] <= pos[t], "prefix_len[", t, "] = ", prefix[t],
+                " is not in 0..positions[", t, "] = ", pos[t]);
+    last[t] = int64_t{prefix[t]} - 1;
   }
-  const auto max_position = attention::max_position_per_seq(branch_seq, "branch_seq", last, block_tables.size(0));
+  const auto max_position = attention::max_position_per_seq(prefix_seq, "prefix_seq", last, block_tables.size(0));
   attention::check_paged_indices(block_tables, max_position, k_cache.size(0), k_cache.size(1));
-  return keys;
 }
 
 void fork_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                        const at::Tensor& block_tables, const at::Tensor& branch_seq, const at::Tensor& prefix_len,
-                        const at::Tensor& path_k, const at::Tensor& path_v, const at::Tensor& path_len, double scale,
-                        const at::Tensor& out) {
-  attention::check_fork_args(q, k_cache, v_cache, block_tables, branch_seq, prefix_len, path_k, path_v, path_len, out);
-  const int64_t keys = check_fork_indices(k_cache, block_tables, branch_seq, prefix_len, path_len, path_k.size(1));
-  const kernels::ForkAttentionParams params{
-      {k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), k_cache.size(1), k_cache.size(2), k_cache.size(3)},
-      q.data_ptr<float>(),
-      q.stride(0),
-      out.data_ptr<float>(),
-      out.stride(0),
-      q.size(0),
-      q.size(1),
-      block_tables.data_ptr<int32_t>(),
-      block_tables.size(1),
-      branch_seq.data_ptr<int32_t>(),
-      prefix_len.data_ptr<int32_t>(),
-      path_k.data_ptr<float>(),
-      path_v.data_ptr<float>(),
-      path_k.size(1),
-      path_len.data_ptr<int32_t>(),
-      static_cast<float>(scale)};
+                        const at::Tensor& block_tables, const at::Tensor& seq_of_token, const at::Tensor& positions,
+                        const at::Tensor& prefix_seq, const at::Tensor& prefix_len, double scale,
+                        const at::Tensor& out, int64_t window) {
+  attention::check_fork_args(q, k_cache, v_cache, block_tables, seq_of_token, positions, prefix_seq, prefix_len, out);
+  TORCH_CHECK(window >= 0, "window must be >= 0 (0: no sliding window), got ", window);
+  const int64_t keys = attention::check_paged_attention_indices(k_cache, block_tables, seq_of_token, positions, window);
+  check_fork_indices(k_cache, block_tables, positions, prefix_seq, prefix_len);
+  const kernels::ForkAttentionParams params{attention::paged_params(q, k_cache, v_cache, block_tables, seq_of_token,
+                                                                    positions, scale, out, window),
+                                            prefix_seq.data_ptr<int32_t>(), prefix_len.data_ptr<int32_t>()};
   kernels::AttentionPlan plan = kernels::fork_attention_plan(params);
-  kernels::run_attention(
-      plan, k_cache.size(2), q.size(0), params.out, params.ldo, params.num_heads, params.kv.head_dim,
-      [&](int64_t count, const auto& fn) { attention::run_units(count, keys * q.size(1) * q.size(2), fn); },
-      [&](kernels::AttentionPlan& pl, int64_t begin, int64_t end) {
-        kernels::fork_attention_units(params, pl, begin, end);
-      });
+  attention::run_op_units(plan, params.paged, keys, [&](kernels::AttentionPlan& pl, int64_t begin, int64_t end) {
+    kernels::fork_attention_units(params, pl, begin, end);
+  });
 }
 
 }  // namespace

@@ -8,11 +8,12 @@
 //                    block_tables [S,max_blocks] i32; seq_of_token, positions [T] i32;
 //                    out [T,Hq,D]; window >= 0. Query t attends to keys 0..positions[t] of its
 //                    sequence, or with window > 0 to keys positions[t]-window+1..positions[t].
-//   fork_attention   q [N,Hq,D]; caches as above; block_tables [S,max_blocks] i32;
-//                    branch_seq, prefix_len [N] i32; path_k, path_v [N,P,Hkv,D] f32;
-//                    path_len [N] i32 (1..P); out [N,Hq,D]. Branch n attends to
-//                    positions 0..prefix_len[n]-1 of sequence branch_seq[n], then to
-//                    its own path slots 0..path_len[n]-1.
+//   fork_attention   paged_attention's arguments, and prefix_seq, prefix_len [T] i32
+//                    (0 <= prefix_len[t] <= positions[t]): query t (a tree branch)
+//                    reads its keys below prefix_len[t] through row prefix_seq[t] of
+//                    block_tables (the sequence it forks from), the others through
+//                    its own row seq_of_token[t]; bitwise paged_attention's result
+//                    over a table holding those slots.
 //   saguaro_sample   logits [N,V] f32; temperature, top_p, downweight, uniforms [N] f64;
 //                    top_k, fanout [N] i64; probs out [N,V] f32 -> tokens [N] i64.
 //                    probs = sigma_{F,C} of the processed distribution.
@@ -45,8 +46,8 @@ TORCH_LIBRARY(ssd, m) {
       "Tensor seq_of_token, Tensor positions, float scale, Tensor(a!) out, int window=0) -> ()");
   m.def(
       "fork_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-      "Tensor branch_seq, Tensor prefix_len, Tensor path_k, Tensor path_v, Tensor path_len, "
-      "float scale, Tensor(a!) out) -> ()");
+      "Tensor seq_of_token, Tensor positions, Tensor prefix_seq, Tensor prefix_len, float scale, "
+      "Tensor(a!) out, int window=0) -> ()");
   m.def(
       "saguaro_sample(Tensor logits, Tensor temperature, Tensor top_k, Tensor top_p, "
       "Tensor fanout, Tensor downweight, Tensor uniforms, Tensor(a!) probs) -> Tensor");

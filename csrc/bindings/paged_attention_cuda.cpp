@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "../kernels/cuda/paged_attention.h"
-#include "../kernels/key_splits.h"
 #include "attention_glue.h"
 
 namespace ssd {
@@ -21,22 +20,10 @@ void paged_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const 
                           const at::Tensor& block_tables, const at::Tensor& seq_of_token,
                           const at::Tensor& positions, double scale, const at::Tensor& out, int64_t window) {
   attention::check_paged_attention_args(q, k_cache, v_cache, block_tables, seq_of_token, positions, out);
-  TORCH_CHECK(window >= 0, "window must be >= 0 (0: no sliding window), got ", window);
-  TORCH_CHECK(q.size(2) == 64 || q.size(2) == 128, "paged_attention on CUDA supports head_dim 64 and 128, got ",
-              q.size(2));
   const c10::cuda::CUDAGuard guard(q.device());
   kernels::cuda::PagedAttentionParams p;
-  attention::fill_cache_params(p, q, k_cache, v_cache, block_tables, scale, out);
-  p.kv_bf16 = k_cache.scalar_type() == at::kBFloat16;
-  p.num_tokens = q.size(0);
-  p.seq_of_token = seq_of_token.data_ptr<int32_t>();
-  p.positions = positions.data_ptr<int32_t>();
-  p.window = window;
-  // The most splits of the key range any query spans (a sync: this op is
-  // for tests; the model backend knows the positions on the host).
-  const at::Tensor last = positions.to(at::kCPU);
-  const std::vector<at::Tensor> workspace = attention::split_workspace(
-      p, p.num_tokens, kernels::max_key_splits(last.data_ptr<int32_t>(), last.size(0), window), q.options());
+  const std::vector<at::Tensor> workspace =
+      attention::fill_paged_params(p, q, k_cache, v_cache, block_tables, seq_of_token, positions, scale, out, window);
   const cudaError_t err = kernels::cuda::paged_attention(p, at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "paged_attention CUDA kernel: ", cudaGetErrorString(err));
 }

@@ -1,7 +1,7 @@
 // ssd._C.testing.RawForward: Model::forward over a ForwardInput built by hand,
 // on a KV cache of its own, for tests that need index arrays no runner makes
-// (block-table padding: entries of -1, tokens whose slot is -1). Not a
-// product API.
+// (block-table padding: entries of -1, tokens whose slot is -1; rows that
+// fork from another row's table). Not a product API.
 #include <torch/extension.h>
 
 #include <pybind11/stl.h>
@@ -29,11 +29,15 @@ class RawForward {
 
   /// One forward: tokens, positions, seq_of_token [T]; block_tables
   /// [num_seqs][max_blocks], every row the same length, written as given
-  /// (no padding added). Returns logits [len(logit_rows), vocab].
+  /// (no padding added); prefix_seq, prefix_len: empty or [T] (ForwardInput's
+  /// forks). Returns logits [len(logit_rows), vocab].
   at::Tensor forward(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions,
                      const std::vector<int32_t>& seq_of_token, const std::vector<std::vector<int32_t>>& block_tables,
-                     const std::vector<int32_t>& logit_rows) {
+                     const std::vector<int32_t>& logit_rows, const std::vector<int32_t>& prefix_seq,
+                     const std::vector<int32_t>& prefix_len) {
     model::ForwardInput in;
+    in.prefix_seq = prefix_seq;
+    in.prefix_len = prefix_len;
     in.tokens = tokens;
     in.positions = positions;
     in.seq_of_token = seq_of_token;
@@ -64,9 +68,10 @@ void bind_testing_forward(py::module_& m) {
       .def(py::init<std::shared_ptr<model::Model>, int64_t, int64_t>(), py::arg("model"), py::arg("num_blocks"),
            py::arg("block_size"))
       .def("forward", &RawForward::forward, py::arg("tokens"), py::arg("positions"), py::arg("seq_of_token"),
-           py::arg("block_tables"), py::arg("logit_rows"),
-           "One forward of the batch as given; block_tables rows of one length (-1: no block). Logits "
-           "[len(logit_rows), vocab].")
+           py::arg("block_tables"), py::arg("logit_rows"), py::arg("prefix_seq") = std::vector<int32_t>{},
+           py::arg("prefix_len") = std::vector<int32_t>{},
+           "One forward of the batch as given; block_tables rows of one length (-1: no block); with "
+           "prefix_seq and prefix_len, rows that fork. Logits [len(logit_rows), vocab].")
       .def("cache_storage", &RawForward::cache_storage);
 }
 

@@ -407,7 +407,8 @@ class BackendSteps {
   /// One layer's attention on a fresh cache of num_blocks x block_size slots:
   /// rope on q and k (views of the fused rows qkv [T, (Hq + 2 Hkv) d]), k and v
   /// written to their slots, then causal paged attention (over the last
-  /// `window` keys when window > 0). Returns (out
+  /// `window` keys when window > 0), or fork attention where prefix_seq and
+  /// prefix_len are given ([T] each; ForwardInput's). Returns (out
   /// [T, Hq d], the rotated qkv, the cache [2, num_blocks, block_size, Hkv, d]).
   std::tuple<at::Tensor, at::Tensor, at::Tensor> attention(const at::Tensor& qkv, int64_t num_heads,
                                                            int64_t num_kv_heads, const at::Tensor& inv_freq,
@@ -415,7 +416,9 @@ class BackendSteps {
                                                            const std::vector<int32_t>& seq_of_token,
                                                            const std::vector<std::vector<int32_t>>& tables,
                                                            int64_t num_blocks, int64_t block_size,
-                                                           int64_t window, const std::string& kv_dtype) {
+                                                           int64_t window, const std::string& kv_dtype,
+                                                           const std::vector<int32_t>& prefix_seq,
+                                                           const std::vector<int32_t>& prefix_len) {
     const int64_t d = inv_freq.numel() * 2;
     if (qkv.dim() != 2 || qkv.size(1) != (num_heads + 2 * num_kv_heads) * d || num_heads % num_kv_heads != 0)
       throw std::invalid_argument("attention: qkv must be [T, (num_heads + 2 num_kv_heads) head_dim]");
@@ -428,6 +431,8 @@ class BackendSteps {
     in.positions = positions;
     in.seq_of_token = seq_of_token;
     in.tokens.assign(positions.size(), 0);
+    in.prefix_seq = prefix_seq;
+    in.prefix_len = prefix_len;
     for (const auto& row : tables) in.max_blocks = std::max<int64_t>(in.max_blocks, static_cast<int64_t>(row.size()));
     in.block_tables.assign(tables.size() * static_cast<size_t>(in.max_blocks), -1);  // -1: no block
     for (size_t s = 0; s < tables.size(); ++s)
@@ -435,6 +440,8 @@ class BackendSteps {
     const int64_t t = qkv.size(0);
     if (static_cast<int64_t>(positions.size()) != t || static_cast<int64_t>(seq_of_token.size()) != t)
       throw std::invalid_argument("attention: one position and one sequence index per row of qkv");
+    if (in.prefix_seq.size() != in.prefix_len.size() || (in.forks() && static_cast<int64_t>(in.prefix_seq.size()) != t))
+      throw std::invalid_argument("attention: prefix_seq and prefix_len must both be empty or have one entry per row");
     const at::Tensor rows = on_device(qkv).clone(), freq = backend_->vector(inv_freq);
     const at::Tensor out = step([&](model::StepContext& ctx) {
       const model::DeviceBatch b = backend_->upload(in);
@@ -442,7 +449,9 @@ class BackendSteps {
       const at::Tensor k = rows.narrow(1, num_heads * d, num_kv_heads * d).view({t, num_kv_heads, d});
       const at::Tensor v = rows.narrow(1, (num_heads + num_kv_heads) * d, num_kv_heads * d).view({t, num_kv_heads, d});
       backend_->rope_kv_write(q, k, v, freq, cache, 0, b, ctx);
-      return backend_->paged_attention(q, cache, 0, b, 1.0f / std::sqrt(static_cast<float>(d)), window, ctx);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+      return in.forks() ? backend_->fork_attention(q, cache, 0, b, scale, window, ctx)
+                        : backend_->paged_attention(q, cache, 0, b, scale, window, ctx);
     });
     return {out, rows, cache.storage()[0]};
   }
@@ -517,7 +526,9 @@ void bind_backend_steps(py::module_& m) {
       .def("attention", &BackendSteps::attention, py::arg("qkv"), py::arg("num_heads"), py::arg("num_kv_heads"),
            py::arg("inv_freq"), py::arg("positions"), py::arg("seq_of_token"), py::arg("block_tables"),
            py::arg("num_blocks"), py::arg("block_size"), py::arg("window") = 0, py::arg("kv_dtype") = "float32",
-           "rope_kv_write then paged_attention on a fresh one-layer cache: (out, rotated qkv, cache).");
+           py::arg("prefix_seq") = std::vector<int32_t>{}, py::arg("prefix_len") = std::vector<int32_t>{},
+           "rope_kv_write then paged_attention (fork_attention with prefix_seq and prefix_len) on a fresh "
+           "one-layer cache: (out, rotated qkv, cache).");
 }
 
 }  // namespace

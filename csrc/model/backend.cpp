@@ -59,8 +59,9 @@ at::Tensor Backend::kv_storage(const std::vector<int64_t>& sizes, at::ScalarType
 // One host buffer, one copy to the device, then views: the index arrays cross
 // once per forward.
 DeviceBatch Backend::upload(const ForwardInput& in) const {
-  const std::vector<const std::vector<int32_t>*> parts = {&in.tokens, &in.positions, &in.seq_of_token,
-                                                          &in.block_tables, &in.logit_rows};
+  const std::vector<const std::vector<int32_t>*> parts = {&in.tokens,       &in.positions,  &in.seq_of_token,
+                                                          &in.block_tables, &in.logit_rows, &in.prefix_seq,
+                                                          &in.prefix_len};
   int64_t total = 0;
   for (const auto* p : parts) total += static_cast<int64_t>(p->size());
   // Pinned on a GPU backend, so the copy is asynchronous (no sync in a forward).
@@ -83,6 +84,10 @@ DeviceBatch Backend::upload(const ForwardInput& in) const {
   b.seq_of_token = views[2];
   b.block_tables = views[3];
   b.logit_rows = views[4];
+  if (in.forks()) {
+    b.prefix_seq = views[5];
+    b.prefix_len = views[6];
+  }
   return b;
 }
 

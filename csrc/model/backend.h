@@ -38,6 +38,14 @@ struct ForwardInput {
   ///< A token whose entry is -1 (slot -1) writes no K / V and attends to nothing (output 0).
   int64_t max_blocks = 0;
   std::vector<int32_t> logit_rows;    ///< rows of the batch whose logits are wanted
+  /// Empty, or [T] each when the rows are speculation-tree branches: row t
+  /// forks from the sequence of block_tables row prefix_seq[t] at position
+  /// prefix_len[t] (0..positions[t]; 0: no fork). Its keys below the fork
+  /// are that sequence's, the others its own (Backend::fork_attention), so
+  /// its own table need not hold the sequence's values in the partial block
+  /// at the fork.
+  std::vector<int32_t> prefix_seq, prefix_len;
+  bool forks() const { return !prefix_seq.empty(); }
   /// > 0: matrix products over at least this many rows may use a faster,
   /// not exact, path (the cpu backend's bf16 pair kernels: AVX512-BF16, 16
   /// rows cost little more than one). Only the draft uses it, for its tree;
@@ -67,6 +75,7 @@ struct Matrix {
 struct DeviceBatch {
   const ForwardInput* host = nullptr;
   at::Tensor tokens, positions, seq_of_token, block_tables, logit_rows;  ///< int32 (see ForwardInput)
+  at::Tensor prefix_seq, prefix_len;  ///< int32 [T], defined where host->forks()
   /// The same in every layer, so computed once per forward by the steps that
   /// need them (the aten-based ones): each token's cache slot [T] int64 and
   /// its rotary cos / sin [T, 1, d / 2].
@@ -191,6 +200,13 @@ class Backend {
   virtual at::Tensor paged_attention(const at::Tensor& q, KvCache& cache, int64_t layer,
                                      const DeviceBatch& b, float scale, int64_t window,
                                      StepContext& ctx) const = 0;
+  /// paged_attention for rows that fork (b.host->forks()): row t's keys below
+  /// prefix_len[t] through block-table row prefix_seq[t], the others through
+  /// its own (kernels/cpu/fork_attention.h): bitwise paged_attention's result
+  /// over a table holding those keys, where the kernels are the same.
+  virtual at::Tensor fork_attention(const at::Tensor& q, KvCache& cache, int64_t layer,
+                                    const DeviceBatch& b, float scale, int64_t window,
+                                    StepContext& ctx) const = 0;
   /// gu [T, 2f] -> silu(gu[:, :f]) * gu[:, f:], [T, f].
   virtual at::Tensor silu_mul(const at::Tensor& gu) const = 0;
   /// x += y (the residual stream).

@@ -120,9 +120,10 @@ void AtenBackend::rope_kv_write(const at::Tensor& q, const at::Tensor& k, const 
 }
 
 // Query by query: each one's scores, softmax and sum have shapes that depend
-// only on its position (and the window), never on the batch.
-at::Tensor AtenBackend::paged_attention(const at::Tensor& q, KvCache& cache, int64_t layer, const DeviceBatch& b,
-                                        float scale, int64_t window, StepContext&) const {
+// only on its position (and the window), never on the batch. With forks, a
+// row's keys below its fork are found through the table it forks from.
+at::Tensor AtenBackend::attend_rows(const at::Tensor& q, KvCache& cache, int64_t layer, const DeviceBatch& b,
+                                    float scale, int64_t window) const {
   const ForwardInput& in = *b.host;
   const int64_t t_count = q.size(0), hq = q.size(1), d = q.size(2);
   const at::Tensor kv = cache.storage()[layer];
@@ -137,7 +138,9 @@ at::Tensor AtenBackend::paged_attention(const at::Tensor& q, KvCache& cache, int
     const int64_t end = in.positions[t] + 1;
     const int64_t first = window > 0 ? std::max<int64_t>(0, end - window) : 0;
     const at::Tensor pos = at::arange(first, end, q.options().dtype(at::kLong));
-    const at::Tensor entry = in.seq_of_token[t] * in.max_blocks + at::floor_divide(pos, bs);
+    at::Tensor row = at::full_like(pos, in.seq_of_token[t]);
+    if (in.forks()) row.masked_fill_(pos < in.prefix_len[t], int64_t{in.prefix_seq[t]});
+    const at::Tensor entry = row * in.max_blocks + at::floor_divide(pos, bs);
     const at::Tensor slots = slots_of(b.block_tables, entry, pos, bs);
     const at::Tensor k = keys.index_select(0, slots).to(at::kFloat).permute({1, 2, 0});  // [Hkv, d, len]
     const at::Tensor v = values.index_select(0, slots).to(at::kFloat).permute({1, 0, 2});  // [Hkv, len, d]
@@ -146,6 +149,16 @@ at::Tensor AtenBackend::paged_attention(const at::Tensor& q, KvCache& cache, int
     out[t].copy_(at::matmul(probs, v).reshape({hq * d}));
   }
   return out;
+}
+
+at::Tensor AtenBackend::paged_attention(const at::Tensor& q, KvCache& cache, int64_t layer, const DeviceBatch& b,
+                                        float scale, int64_t window, StepContext&) const {
+  return attend_rows(q, cache, layer, b, scale, window);
+}
+
+at::Tensor AtenBackend::fork_attention(const at::Tensor& q, KvCache& cache, int64_t layer, const DeviceBatch& b,
+                                       float scale, int64_t window, StepContext&) const {
+  return attend_rows(q, cache, layer, b, scale, window);
 }
 
 at::Tensor AtenBackend::silu_mul(const at::Tensor& gu) const {

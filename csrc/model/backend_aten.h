@@ -32,6 +32,8 @@ class AtenBackend : public Backend {
                      KvCache& cache, int64_t layer, const DeviceBatch& b, StepContext& ctx) const override;
   at::Tensor paged_attention(const at::Tensor& q, KvCache& cache, int64_t layer, const DeviceBatch& b, float scale,
                              int64_t window, StepContext& ctx) const override;
+  at::Tensor fork_attention(const at::Tensor& q, KvCache& cache, int64_t layer, const DeviceBatch& b, float scale,
+                            int64_t window, StepContext& ctx) const override;
   at::Tensor silu_mul(const at::Tensor& gu) const override;
   void add(const at::Tensor& x, const at::Tensor& y) const override;
   void copy_kv_slots(KvCache& cache, const std::vector<int64_t>& src_slots,
@@ -40,6 +42,9 @@ class AtenBackend : public Backend {
  protected:
   /// Cache slot of every token of the batch, [T] int64, computed on the device.
   at::Tensor token_slots(const KvCache& cache, const DeviceBatch& b) const;
+  /// Paged (and fork) attention row by row over ATen ops.
+  at::Tensor attend_rows(const at::Tensor& q, KvCache& cache, int64_t layer, const DeviceBatch& b, float scale,
+                         int64_t window) const;
 
   at::Device device_;
   bool row_by_row_;

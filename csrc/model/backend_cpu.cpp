@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "../kernels/cpu/fork_attention.h"
 #include "../kernels/cpu/kv_commit.h"
 #include "../kernels/cpu/linear.h"
 #include "../kernels/cpu/ops.h"
@@ -186,6 +187,20 @@ class CpuBackend final : public Backend {
     kernels::paged_attention(cache.layer(layer), q.data_ptr<float>(), q.stride(0), out.data_ptr<float>(), width, t,
                              q.size(1), in.seq_of_token.data(), in.positions.data(), in.block_tables.data(),
                              in.max_blocks, scale, window, ctx.pool);
+    return out;
+  }
+
+  at::Tensor fork_attention(const at::Tensor& q, KvCache& cache, int64_t layer, const DeviceBatch& b, float scale,
+                            int64_t window, StepContext& ctx) const override {
+    const ForwardInput& in = *b.host;
+    const int64_t t = q.size(0), width = q.size(1) * q.size(2);
+    at::Tensor out = at::empty({t, width}, at::kFloat);
+    const kernels::ForkAttentionParams params{
+        {cache.layer(layer), q.data_ptr<float>(), q.stride(0), out.data_ptr<float>(), width, t, q.size(1),
+         in.seq_of_token.data(), in.positions.data(), in.block_tables.data(), in.max_blocks, scale, window},
+        in.prefix_seq.data(),
+        in.prefix_len.data()};
+    kernels::fork_attention(params, ctx.pool);
     return out;
   }
 

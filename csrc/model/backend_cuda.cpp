@@ -1,6 +1,6 @@
 // The cuda backend: the aten backend's elementwise steps over the whole batch,
 // and own kernels where the reduction order decides batch invariance
-// (kernels/cuda: linear, rms_norm, paged_attention) or where one kernel
+// (kernels/cuda: linear, rms_norm, paged and fork attention) or where one kernel
 // replaces a dozen small launches (rope_kv_write); the draft's KV copies
 // between slots run kv_commit's kernel. Weights and the KV cache
 // live on the device; each model runs on its own streams (one per StreamRole); a forward crosses to
@@ -26,6 +26,7 @@
 #include "../bindings/attention_glue.h"
 #include "../bindings/fork_select_args.h"
 #include "../bindings/gumbel_top_args.h"
+#include "../kernels/cuda/fork_attention.h"
 #include "../kernels/cuda/fork_select.h"
 #include "../kernels/cuda/gumbel_sample.h"
 #include "../kernels/cuda/gumbel_top.h"
@@ -264,11 +265,37 @@ class CudaBackend final : public AtenBackend {
 
   at::Tensor paged_attention(const at::Tensor& q, KvCache& cache, int64_t layer, const DeviceBatch& b, float scale,
                              int64_t window, StepContext& ctx) const override {
-    const int64_t d = q.size(2);
-    if (d != 64 && d != 128) return AtenBackend::paged_attention(q, cache, layer, b, scale, window, ctx);
-    const kernels::PagedKv kv = cache.layer(layer);
-    at::Tensor out = at::empty({q.size(0), q.size(1) * d}, q.options());
+    if (q.size(2) != 64 && q.size(2) != 128)
+      return AtenBackend::paged_attention(q, cache, layer, b, scale, window, ctx);
+    at::Tensor out;
     kernels::cuda::PagedAttentionParams p;
+    const std::vector<at::Tensor> workspace = attention_params(p, q, cache, layer, b, scale, window, out);
+    check_launch(kernels::cuda::paged_attention(p, stream()), "paged_attention");
+    return out;
+  }
+
+  at::Tensor fork_attention(const at::Tensor& q, KvCache& cache, int64_t layer, const DeviceBatch& b, float scale,
+                            int64_t window, StepContext& ctx) const override {
+    if (q.size(2) != 64 && q.size(2) != 128)
+      return AtenBackend::fork_attention(q, cache, layer, b, scale, window, ctx);
+    at::Tensor out;
+    kernels::cuda::ForkAttentionParams p;
+    const std::vector<at::Tensor> workspace = attention_params(p.paged, q, cache, layer, b, scale, window, out);
+    p.prefix_seq = b.prefix_seq.data_ptr<int32_t>();
+    p.prefix_len = b.prefix_len.data_ptr<int32_t>();
+    check_launch(kernels::cuda::fork_attention(p, stream()), "fork_attention");
+    return out;
+  }
+
+  // The kernels' params for q [T, Hq, d] over the layer's cache and the
+  // batch's tables; out gets [T, Hq * d]. Returns the split workspace (kept
+  // until the launch is queued; freed stream-ordered).
+  std::vector<at::Tensor> attention_params(kernels::cuda::PagedAttentionParams& p, const at::Tensor& q, KvCache& cache,
+                                           int64_t layer, const DeviceBatch& b, float scale, int64_t window,
+                                           at::Tensor& out) const {
+    const int64_t d = q.size(2);
+    const kernels::PagedKv kv = cache.layer(layer);
+    out = at::empty({q.size(0), q.size(1) * d}, q.options());
     p.q = q.data_ptr<float>();
     p.ldq = q.stride(0);
     p.out = out.data_ptr<float>();
@@ -287,10 +314,8 @@ class CudaBackend final : public AtenBackend {
     p.positions = b.positions.data_ptr<int32_t>();
     p.scale = scale;
     p.window = window;
-    const std::vector<at::Tensor> workspace = attention::split_workspace(
+    return attention::split_workspace(
         p, p.num_tokens, kernels::max_key_splits(b.host->positions.data(), p.num_tokens, window), q.options());
-    check_launch(kernels::cuda::paged_attention(p, stream()), "paged_attention");
-    return out;
   }
 
   // The kv_commit kernel on the model's stream, the cache as its own tree

@@ -224,6 +224,9 @@ void Model::check(const ForwardInput& in, const KvCache& cache) const {
   const auto t = static_cast<int64_t>(in.tokens.size());
   if (static_cast<int64_t>(in.positions.size()) != t || static_cast<int64_t>(in.seq_of_token.size()) != t)
     throw std::invalid_argument("forward: tokens, positions and seq_of_token differ in length");
+  const auto per_token = [t](const std::vector<int32_t>& v) { return static_cast<int64_t>(v.size()) == t; };
+  if ((in.forks() || !in.prefix_len.empty()) && (!per_token(in.prefix_seq) || !per_token(in.prefix_len)))
+    throw std::invalid_argument("forward: prefix_seq and prefix_len must have one entry per token");
   const int64_t seqs = in.max_blocks > 0 ? static_cast<int64_t>(in.block_tables.size()) / in.max_blocks : 0;
   if (in.max_blocks < 0 || seqs * in.max_blocks != static_cast<int64_t>(in.block_tables.size()))
     throw std::invalid_argument("forward: block_tables is not [num_seqs, max_blocks]");
@@ -258,12 +261,25 @@ void Model::check(const ForwardInput& in, const KvCache& cache) const {
                                   std::to_string(num_blocks) + " blocks)");
     const int64_t window = config_.sliding_window;
     const int64_t first_key = window > 0 ? std::max<int64_t>(0, pos + 1 - window) : 0;
-    const int64_t bad = last_bad[own];
-    if (bad >= seq * in.max_blocks + first_key / bs)
-      throw std::invalid_argument(token() + " attends to block-table entry " +
-                                  std::to_string(bad - seq * in.max_blocks) + ", which holds " +
-                                  std::to_string(in.block_tables[bad]) + ", not a block of the KV cache (" +
-                                  std::to_string(num_blocks) + " blocks)");
+    // Keys [from, last] through block-table row `row` must all be cache blocks.
+    const auto check_keys = [&](int64_t row, int64_t from, int64_t last) {
+      const int64_t bad = last_bad[row * in.max_blocks + last / bs];
+      if (bad >= row * in.max_blocks + from / bs)
+        throw std::invalid_argument(token() + " attends to block-table row " + std::to_string(row) + " entry " +
+                                    std::to_string(bad - row * in.max_blocks) + ", which holds " +
+                                    std::to_string(in.block_tables[bad]) + ", not a block of the KV cache (" +
+                                    std::to_string(num_blocks) + " blocks)");
+    };
+    const int64_t fork = in.forks() ? in.prefix_len[i] : 0;
+    if (in.forks()) {
+      const int64_t from = in.prefix_seq[i];
+      if (from < 0 || from >= seqs || fork < 0 || fork > pos)
+        throw std::invalid_argument(token() + " forks from block-table row " + std::to_string(from) +
+                                    " at position " + std::to_string(fork) + ": not a row of " +
+                                    std::to_string(seqs) + ", or not in 0.." + std::to_string(pos));
+      if (fork > first_key) check_keys(from, first_key, fork - 1);
+    }
+    check_keys(seq, std::max(first_key, fork), pos);
   }
   for (const int32_t row : in.logit_rows)
     if (row < 0 || row >= t) throw std::invalid_argument("logit row out of range");
@@ -287,8 +303,9 @@ void Model::attention_block(const Layer& l, int64_t index, const DeviceBatch& b,
     be.rms_norm(k, l.k_norm, eps, k, ctx);
   }
   be.rope_kv_write(q, k, v, inv_freq_, cache, index, b, ctx);
-  const at::Tensor attn =
-      be.paged_attention(q, cache, index, b, 1.0f / std::sqrt(static_cast<float>(d)), c.sliding_window, ctx);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const at::Tensor attn = b.host->forks() ? be.fork_attention(q, cache, index, b, scale, c.sliding_window, ctx)
+                                          : be.paged_attention(q, cache, index, b, scale, c.sliding_window, ctx);
   be.add(x, row_sum_(be.linear(attn, l.o, l.o_bias, ctx)));
 }
 

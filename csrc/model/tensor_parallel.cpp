@@ -54,7 +54,8 @@ void broadcast_forward(Collective& collective, int64_t rank, ForwardMessage& m) 
   if (rank == 0) {
     const int64_t fields[ForwardMessage::kHeaderFields] = {
         static_cast<int64_t>(m.kind), m.cache_id, m.num_blocks, m.block_size, static_cast<int64_t>(in.tokens.size()),
-        static_cast<int64_t>(in.block_tables.size()), in.max_blocks, in.matmul_min_rows, m.kv_bf16 ? 1 : 0};
+        static_cast<int64_t>(in.block_tables.size()), in.max_blocks, in.matmul_min_rows, m.kv_bf16 ? 1 : 0,
+        in.forks() ? 1 : 0};
     std::copy(fields, fields + ForwardMessage::kHeaderFields, h);
   }
   collective.broadcast(header);
@@ -70,16 +71,23 @@ void broadcast_forward(Collective& collective, int64_t rank, ForwardMessage& m) 
   in.max_blocks = h[6];
   in.matmul_min_rows = h[7];
   m.kv_bf16 = h[8] != 0;
-  // tokens, positions and seq_of_token [T] each, then the block tables
-  at::Tensor data = at::empty({3 * t + tables}, at::kInt);
+  const bool forks = h[9] != 0;
+  // tokens, positions and seq_of_token [T] each, then the block tables, then
+  // with forks prefix_seq and prefix_len [T] each
+  std::vector<std::vector<int32_t>*> arrays = {&in.tokens, &in.positions, &in.seq_of_token, &in.block_tables};
+  if (forks) arrays.insert(arrays.end(), {&in.prefix_seq, &in.prefix_len});
+  at::Tensor data = at::empty({(static_cast<int64_t>(arrays.size()) - 1) * t + tables}, at::kInt);
   auto* d = data.data_ptr<int32_t>();
-  std::vector<int32_t>* arrays[] = {&in.tokens, &in.positions, &in.seq_of_token, &in.block_tables};
   if (rank == 0) {
     for (auto* a : arrays) d = std::copy(a->begin(), a->end(), d);
     d = data.data_ptr<int32_t>();
   }
   collective.broadcast(data);
   if (rank != 0) {
+    if (!forks) {
+      in.prefix_seq.clear();
+      in.prefix_len.clear();
+    }
     for (auto* a : arrays) {
       const int64_t n = a == &in.block_tables ? tables : t;
       a->assign(d, d + n);

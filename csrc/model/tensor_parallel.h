@@ -74,7 +74,7 @@ ModelConfig shard_config(const ModelConfig& config, const ShardLayout& layout);
 /// follower needs to run the same forward on its shard. A message is a
 /// header of kHeaderFields int64 then, for a forward, its int32 arrays.
 struct ForwardMessage {
-  static constexpr int64_t kHeaderFields = 9;
+  static constexpr int64_t kHeaderFields = 10;
   /// A forward; the end of following (stop_followers); or nothing but a sign
   /// that rank 0 is alive (ping_followers: a follower waits for rank 0 no
   /// longer than the group's timeout, so an idle leader pings).

@@ -63,6 +63,13 @@ DraftPath DraftPath::sampling(DraftSequence& seq, model::BlockTable& table, int6
   return p;
 }
 
+DraftPath DraftPath::branch(DraftSequence& seq, const model::BlockTable& prefix, model::BlockTable& table,
+                            int64_t pos0, std::vector<int32_t> feed, int64_t steps) {
+  DraftPath p = sampling(seq, table, pos0, std::move(feed), steps);
+  p.prefix = &prefix;
+  return p;
+}
+
 DraftPath DraftPath::scoring(DraftSequence& seq, model::BlockTable& table, int64_t pos0, std::vector<int32_t> feed,
                              int64_t rank_from) {
   DraftPath p = sampling(seq, table, pos0, std::move(feed), 0);
@@ -174,12 +181,21 @@ void PathDecoder::decode(std::vector<DraftPath>& paths, const std::vector<int64_
 PathDecoder::StepBatch PathDecoder::gather(std::vector<DraftPath>& paths, int64_t step, DraftForwards purpose) {
   StepBatch b;
   model::ForwardInput& in = b.in;
+  // The tables branches fork from (one per sequence), and each token's index
+  // among them (-1: its path forks from nothing).
+  std::vector<const model::BlockTable*> prefixes;
+  std::vector<int32_t> prefix_of_token;
   for (DraftPath& p : paths) {
     if (step > 0 && step >= p.steps) continue;
     const auto fed = static_cast<int64_t>(p.feed.size());
     const int64_t begin = step == 0 ? p.pos0 : p.pos0 + fed + step - 1;
     const int64_t count = step == 0 ? fed : 1;
     if (!kv_.reserve(*p.table, begin + count)) throw std::runtime_error("draft KV cache is full");
+    int32_t prefix = -1;
+    if (p.prefix != nullptr) {
+      prefix = static_cast<int32_t>(std::find(prefixes.begin(), prefixes.end(), p.prefix) - prefixes.begin());
+      if (prefix == static_cast<int32_t>(prefixes.size())) prefixes.push_back(p.prefix);
+    }
     b.first_row.push_back(static_cast<int64_t>(in.logit_rows.size()));
     b.path_index.push_back(&p - paths.data());
     for (int64_t i = 0; i < count; ++i) {
@@ -187,16 +203,29 @@ PathDecoder::StepBatch PathDecoder::gather(std::vector<DraftPath>& paths, int64_
       in.tokens.push_back(step == 0 ? p.feed[i] : p.out[step - 1]);
       in.positions.push_back(static_cast<int32_t>(pos));
       in.seq_of_token.push_back(static_cast<int32_t>(b.active.size()));
+      in.prefix_len.push_back(prefix >= 0 ? static_cast<int32_t>(p.pos0) : 0);
+      prefix_of_token.push_back(prefix);
       const bool wanted = p.steps > 0 ? i == count - 1 : pos >= p.rank_from;
       if (wanted) in.logit_rows.push_back(static_cast<int32_t>(in.tokens.size() - 1));
     }
     b.active.push_back(&p);
   }
-  for (const DraftPath* p : b.active)
-    in.max_blocks = std::max<int64_t>(in.max_blocks, static_cast<int64_t>(p->table->blocks.size()));
-  in.block_tables.assign(b.active.size() * static_cast<size_t>(in.max_blocks), -1);  // -1: no block
-  for (size_t s = 0; s < b.active.size(); ++s)
-    std::copy(b.active[s]->table->blocks.begin(), b.active[s]->table->blocks.end(),
+  // Block-table rows: each active path's table, then the ones forked from.
+  std::vector<const model::BlockTable*> tables;
+  for (const DraftPath* p : b.active) tables.push_back(p->table);
+  tables.insert(tables.end(), prefixes.begin(), prefixes.end());
+  if (prefixes.empty()) {
+    in.prefix_len.clear();  // no forks: paged attention
+  } else {
+    for (size_t t = 0; t < prefix_of_token.size(); ++t)
+      in.prefix_seq.push_back(prefix_of_token[t] >= 0 ? static_cast<int32_t>(b.active.size()) + prefix_of_token[t]
+                                                      : in.seq_of_token[t]);
+  }
+  for (const model::BlockTable* t : tables)
+    in.max_blocks = std::max<int64_t>(in.max_blocks, static_cast<int64_t>(t->blocks.size()));
+  in.block_tables.assign(tables.size() * static_cast<size_t>(in.max_blocks), -1);  // -1: no block
+  for (size_t s = 0; s < tables.size(); ++s)
+    std::copy(tables[s]->blocks.begin(), tables[s]->blocks.end(),
               in.block_tables.begin() + static_cast<int64_t>(s) * in.max_blocks);
   // The tree (fork scoring and branch steps) always takes the pair kernels
   // when they are on; other forwards from draft_matmul_min_rows rows.

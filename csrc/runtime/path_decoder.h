@@ -57,6 +57,10 @@ struct DraftPath {
   std::vector<int32_t> feed;  ///< tokens fed at step 0
   int64_t steps = 0;          ///< tokens sampled after the feed (0: score only)
   int64_t rank_from = 0;      ///< score only: fed positions >= rank_from get ranked lists
+  /// A tree branch: the table of the sequence it forks from at pos0, whose
+  /// keys below pos0 it reads (fork attention); its own `table` then holds
+  /// its path from pos0 on, in blocks of its own from pos0's block on.
+  const model::BlockTable* prefix = nullptr;
   std::vector<int32_t> out;
   at::Tensor q;                          ///< [steps, vocab] f32 on the draft's device: the rows sampled from
   std::vector<RankedTokens> ranked;      ///< per sampled token: its row's ranking
@@ -65,6 +69,10 @@ struct DraftPath {
   /// A path that samples `steps` tokens after feeding `feed` from `pos0` on.
   static DraftPath sampling(DraftSequence& seq, model::BlockTable& table, int64_t pos0, std::vector<int32_t> feed,
                             int64_t steps);
+  /// A branch forking from `prefix` (its sequence's table) at pos0: it feeds
+  /// `feed` there into `table` and samples `steps` tokens.
+  static DraftPath branch(DraftSequence& seq, const model::BlockTable& prefix, model::BlockTable& table, int64_t pos0,
+                          std::vector<int32_t> feed, int64_t steps);
   /// A path that only feeds `feed` from `pos0` on, ranking positions >= rank_from.
   static DraftPath scoring(DraftSequence& seq, model::BlockTable& table, int64_t pos0, std::vector<int32_t> feed,
                            int64_t rank_from);

@@ -28,7 +28,8 @@ int64_t max_budget(const EngineConfig& c) {
 std::unique_ptr<model::KvCache> make_draft_kv(const EngineConfig& config, const model::Model& model,
                                               const TestingConfig& testing) {
   // Room for the sequences plus a full tree of every sequence: each branch
-  // copies its prefix's partial block and grows by K positions.
+  // grows by K positions from its fork, in blocks of its own from the fork's
+  // block on.
   const int64_t bs = config.kv_block_size;
   const int64_t per_branch = 1 + (config.k + bs - 1) / bs;
   const int64_t tree_blocks =

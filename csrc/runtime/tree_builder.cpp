@@ -163,7 +163,9 @@ std::vector<TreeBuilder::Candidate> TreeBuilder::confidence_candidates(const Dra
 
 bool TreeBuilder::add_branch(DraftSequence& s, const Candidate& candidate) {
   // The branch borrows the sequence's full blocks before its fork position P
-  // and copies the partial one; it grows by K positions from P.
+  // and grows by K positions from P in blocks of its own. Its forwards read
+  // the keys below P through the sequence's table (fork attention), so the
+  // partial block at P is never copied.
   const int64_t bs = kv_.block_size();
   const int64_t P = static_cast<int64_t>(s.tokens.size()) + candidate.first;
   TreeBranch b;
@@ -172,7 +174,6 @@ bool TreeBuilder::add_branch(DraftSequence& s, const Candidate& candidate) {
   b.shared = P / bs;
   b.table.blocks.assign(s.table.blocks.begin(), s.table.blocks.begin() + b.shared);
   if (!kv_.reserve(b.table, P + K_)) return false;  // reserve changed nothing
-  if (P % bs != 0) copy_kv_slots(kv_, s.table, b.table, b.shared * bs, P);
   s.branches.push_back(std::move(b));
   return true;
 }
@@ -183,7 +184,7 @@ void TreeBuilder::decode_branches(const std::vector<DraftSequence*>& seqs, const
   for (DraftSequence* s : seqs)
     for (TreeBranch& b : s->branches)
       paths.push_back(
-          DraftPath::sampling(*s, b.table, static_cast<int64_t>(s->tokens.size()) + b.fork, {b.bonus}, K_));
+          DraftPath::branch(*s, s->table, b.table, static_cast<int64_t>(s->tokens.size()) + b.fork, {b.bonus}, K_));
   const auto t0 = Clock::now();
   decoder_.decode(paths, fanout, DraftForwards::kBranches);
   report.branch_seconds = since(t0);

@@ -180,30 +180,32 @@ def test_paged_attention(head_dim, block_size, data, seed):
 
 
 @PROPERTY
-@given(head_dim=head_dims, block_size=block_sizes, path_slots=st.integers(1, 4), data=st.data(), seed=seeds)
-def test_fork_attention(head_dim, block_size, path_slots, data, seed):
-    """Branches over 1-2 sequences with prefixes of any length (0 too); no branch is the empty batch."""
+@given(head_dim=head_dims, block_size=block_sizes, path_slots=st.integers(1, 4), window=st.integers(0, 6),
+       data=st.data(), seed=seeds)
+def test_fork_attention(head_dim, block_size, path_slots, window, data, seed):
+    """Branches of 1-2 sequences forking anywhere (0 too), each row reading its own table
+    (random values below its fork too, which must not be read) past its fork; no branch
+    is the empty batch."""
     gen = torch.Generator().manual_seed(seed)
     kv_heads, heads = _heads(data)
     seq_lens = data.draw(st.lists(st.integers(1, 30), min_size=1, max_size=2), label="seq_lens")
-    k_cache, v_cache, tables = random_paged_cache(seq_lens, block_size, kv_heads, head_dim, gen)
     branches = data.draw(st.lists(st.tuples(st.integers(0, len(seq_lens) - 1), st.floats(0, 1),
                                             st.integers(1, path_slots)), max_size=6), label="branches")
+    forks = [int(f * seq_lens[s]) for s, f, _ in branches]
+    own_lens = [fork + path for fork, (_, _, path) in zip(forks, branches)]
+    k_cache, v_cache, tables = random_paged_cache(seq_lens + own_lens, block_size, kv_heads, head_dim, gen)
     n = len(branches)
-    branch_seq = torch.tensor([s for s, _, _ in branches], dtype=torch.int32)
-    prefix_len = torch.tensor([int(f * seq_lens[s]) for s, f, _ in branches], dtype=torch.int32)
-    path_len = torch.tensor([p for _, _, p in branches], dtype=torch.int32)
-    path_k = torch.randn(n, path_slots, kv_heads, head_dim, generator=gen)
-    path_v = torch.randn(n, path_slots, kv_heads, head_dim, generator=gen)
+    seq_of_token = torch.arange(len(seq_lens), len(seq_lens) + n, dtype=torch.int32)
+    positions = torch.tensor([x - 1 for x in own_lens], dtype=torch.int32)
+    prefix_seq = torch.tensor([s for s, _, _ in branches], dtype=torch.int32)
+    prefix_len = torch.tensor(forks, dtype=torch.int32)
     q = torch.randn(n, heads, head_dim, generator=gen)
     out = torch.full_like(q, float("nan"))
     scale = head_dim ** -0.5
-    torch.ops.ssd.fork_attention(q, k_cache, v_cache, tables, branch_seq, prefix_len, path_k, path_v, path_len,
-                                 scale, out)
+    args = (q, k_cache, v_cache, tables, seq_of_token, positions, prefix_seq, prefix_len, scale)
+    torch.ops.ssd.fork_attention(*args, out, window)
     if n:
-        want = fork_attention_ref(q, k_cache, v_cache, tables, branch_seq, prefix_len, path_k, path_v, path_len,
-                                  scale)
-        torch.testing.assert_close(out, want.float(), atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(out, fork_attention_ref(*args, window=window).float(), atol=2e-5, rtol=1e-5)
 
 
 # --------------------------------------------------------------- KV cache ops

@@ -16,7 +16,9 @@ OTHERS = [pytest.param(("cpu", "aten"), id="aten"),
 
 # k: multiples of 8 take the cuda kernel's vector path, the others its scalar
 # path; 264 = one full 256-wide sweep plus a tail.
-LINEAR_SHAPES = [(1, 7, 8), (3, 64, 72), (5, 300, 256), (17, 33, 264), (40, 96, 100)]
+# m picks the cuda kernel's rows per weight load (1, 2, 4, 8, 16, 32): 70 is two groups of 32
+# and one of 6.
+LINEAR_SHAPES = [(1, 7, 8), (3, 64, 72), (5, 300, 256), (17, 33, 264), (40, 96, 100), (70, 40, 264)]
 
 
 @pytest.fixture(scope="module", params=OTHERS)
@@ -170,3 +172,46 @@ def test_rope_kv_write_and_paged_attention_match_cpu(other, oracle, head_dim):
     # Position 0 attends only to itself: its output is its own v.
     v0 = rotated[0, (hq + hkv) * head_dim:].reshape(hkv, head_dim)
     torch.testing.assert_close(out[0].reshape(hkv, hq // hkv, head_dim), v0[:, None].expand(-1, hq // hkv, -1))
+
+
+@pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("head_dim", ATTENTION_HEAD_DIMS)
+def test_fork_attention_equals_the_branch_decoded_as_its_sequence(other, oracle, head_dim, kv_dtype):
+    """A sequence of 10 positions and, in the same call, branches forking from it in
+    blocks of their own: A at 6 (positions 6..8), B at 9 (position 9), C at 0 (two
+    positions, no prefix). A branch's rows give bitwise what paged attention gives
+    them as the continuation of the sequence's first positions (its partial block at
+    the fork is never copied: block 1 of A's table and block 4 of B's hold nothing of
+    the sequence); every backend agrees with the cpu one."""
+    hq, hkv, bs = 4, 2, 4
+    g = torch.Generator().manual_seed(31)
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    width = (hq + 2 * hkv) * head_dim
+    seq = torch.randn(10, width, generator=g)
+    branch = {"A": (6, torch.randn(3, width, generator=g)), "B": (9, torch.randn(1, width, generator=g)),
+              "C": (0, torch.randn(2, width, generator=g))}
+    tables = [[3, 0, 5], [3, 1, 2], [3, 0, 4], [6]]
+    rows, positions, seqs, prefix_len = [seq], list(range(10)), [0] * 10, [0] * 10
+    for b, (name, (fork, x)) in enumerate(branch.items()):
+        rows.append(x)
+        positions += range(fork, fork + len(x))
+        seqs += [b + 1] * len(x)
+        prefix_len += [fork] * len(x)
+    qkv = torch.cat(rows)
+    fork_args = (hq, hkv, inv_freq, positions, seqs, tables, 7, bs)
+    fork_kwargs = dict(kv_dtype=kv_dtype, prefix_seq=[0] * len(positions), prefix_len=prefix_len)
+    want = oracle.attention(qkv, *fork_args, **fork_kwargs)[0]
+    got = other.attention(qkv, *fork_args, **fork_kwargs)[0].cpu()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    first = 10
+    for name, (fork, x) in branch.items():
+        # The branch as the sequence itself: its first `fork` rows, then the branch's.
+        alone = torch.cat([seq[:fork], x])
+        args = (hq, hkv, inv_freq, list(range(fork + len(x))), [0] * (fork + len(x)), [[3, 0, 5]], 7, bs)
+        for steps, out in ((oracle, want), (other, got)):
+            paged = steps.attention(alone, *args, kv_dtype=kv_dtype)[0].cpu()
+            assert torch.equal(out[first:first + len(x)], paged[fork:]), f"branch {name} on {steps.name}"
+        first += len(x)
+    # Reading the branch's own table below the fork instead gives other values.
+    unforked = oracle.attention(qkv, *fork_args, kv_dtype=kv_dtype)[0]
+    assert not torch.equal(unforked[10:13], want[10:13])

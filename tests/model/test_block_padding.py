@@ -15,39 +15,22 @@ import torch
 
 import ssd.models
 from ssd import _C
+from tests.model.conftest import BACKENDS, PLACEMENTS, TINY_SPEC
 from tests.reference.tiny_models import TinySpec, build_tiny_model, random_tokens
 
 PAD = -1  # the block-table entry of no block
 BS = 4
 NUM_BLOCKS = 6
 
-# (device, backend argument) by backend name
-PLACEMENTS = {"cpu": ("cpu", "auto"), "aten": ("cpu", "aten"), "cuda": ("cuda", "auto")}
-BACKENDS = ["cpu", "aten", pytest.param("cuda", marks=pytest.mark.cuda)]
-
-# head_dim 64: the cuda backend's own attention kernel (others take its fallback)
-SPEC = TinySpec(arch="qwen3", hidden_size=128, intermediate_size=160, num_heads=2, num_kv_heads=1,
-                head_dim=64, vocab_size=300, num_layers=2, seed=41)
-
-
-@pytest.fixture(scope="module")
-def loaded(tmp_path_factory):
-    model_dir, _ = build_tiny_model(SPEC, tmp_path_factory.mktemp("padding"))
-    return ssd.models.load(model_dir, dtype=torch.float32)
-
-
-@pytest.fixture(scope="module", params=BACKENDS)
-def core(request, loaded):
-    model = loaded.core_model(*PLACEMENTS[request.param])
-    assert model.backend == request.param
-    return model
+SPEC = TINY_SPEC  # tiny_core's (conftest.py)
 
 
 def _raw(core) -> _C.testing.RawForward:
     return _C.testing.RawForward(core, NUM_BLOCKS, BS)
 
 
-def test_padding_tokens_write_nothing_and_change_no_row(core):
+def test_padding_tokens_write_nothing_and_change_no_row(tiny_core):
+    core = tiny_core
     """Sequence A owns blocks 0 and 1 and decodes one token; sequence C
     prefills 3 tokens in block 3 and has a padding token at position 5 (entry
     1 of its row is -1); a row of -1 only holds two dummy tokens. Only the
@@ -103,17 +86,18 @@ def test_padding_queries_attend_to_nothing(backend):
     assert torch.equal(cache, want_cache), f"{backend}: a padding row wrote the cache"
 
 
-def test_forward_refuses_live_tokens_reading_missing_blocks(core):
+def test_forward_refuses_live_tokens_reading_missing_blocks(tiny_core):
+    core = tiny_core
     """A live token whose attention would read a -1 entry (or any non-block) is
     refused before anything runs; an own entry other than -1 that is not a
     cache block is refused as before."""
     raw = _raw(core)
-    with pytest.raises(ValueError, match=r"token 0 \(sequence 0, position 5\) attends to block-table entry 0, "
+    with pytest.raises(ValueError, match=r"token 0 \(sequence 0, position 5\) attends to block-table row 0 entry 0, "
                                          r"which holds -1"):
         raw.forward([1], [5], [0], [[PAD, 1]], [0])
     with pytest.raises(ValueError, match="block id -2 is outside the KV cache"):
         raw.forward([1], [5], [0], [[0, -2]], [0])
-    with pytest.raises(ValueError, match="attends to block-table entry 0, which holds 6"):
+    with pytest.raises(ValueError, match="attends to block-table row 0 entry 0, which holds 6"):
         raw.forward([1], [5], [0], [[NUM_BLOCKS, 1]], [0])
     with pytest.raises(ValueError, match="block_tables: rows differ in length"):
         raw.forward([1], [0], [0], [[0], [1, 2]], [0])
@@ -137,6 +121,6 @@ def test_sliding_window_needs_only_the_entries_it_reads(backend, tmp_path):
         raw = _raw(core)
         raw.forward(tokens[:9], list(range(9)), [0] * 9, [[0, 1, 2]], [8])
         rows.append(raw.forward(tokens[9:], [9], [0], [[entry0, 1, 2]], [0]).cpu())
-        with pytest.raises(ValueError, match="position 6\\) attends to block-table entry 0, which holds -1"):
+        with pytest.raises(ValueError, match="position 6\\) attends to block-table row 0 entry 0, which holds -1"):
             raw.forward([tokens[6]], [6], [0], [[PAD, 1, 2]], [0])
     assert torch.equal(rows[0], rows[1])

@@ -169,6 +169,28 @@ def test_followers_run_what_rank_0_leads(models, size):
     assert torch.equal(led[0], spmd)
 
 
+def test_followers_run_the_forks_rank_0_leads(models):
+    """A forward whose rows fork (a draft tree step: ForwardInput.prefix_seq / prefix_len) reaches
+    the followers whole: rank 0 leading gives bitwise the logits of every rank calling it. A
+    follower that dropped the forks would read the branch's own partial block (block 1: nothing
+    of the sequence's positions 4 and 5) and differ."""
+    spec = SPECS["qwen3-uneven"]
+    loaded = ssd.models.load(models["qwen3-uneven"])
+    seq = random_tokens(10, spec.vocab_size, seed=1)
+    feed = random_tokens(3, spec.vocab_size, seed=2)
+
+    def body(core):
+        raw = _C.testing.RawForward(core, 8, 4)
+        raw.forward(seq, list(range(10)), [0] * 10, [[3, 0, 5]], [9])
+        return raw.forward(feed, [6, 7, 8], [1, 1, 1], [[3, 0, 5], [3, 1, 2]], [0, 1, 2], prefix_seq=[0] * 3,
+                           prefix_len=[6] * 3)
+
+    spmd = run_ranks(loaded, 2, body)[0]
+    led = run_ranks(loaded, 2, body, lead=True)[0]
+    assert torch.equal(led, spmd)
+    assert relative_error(spmd, body(loaded.core_model("cpu", "cpu"))) < TOLERANCE
+
+
 def test_rows_do_not_depend_on_the_batch(models):
     spec = SPECS["qwen3-uneven"]
     loaded = ssd.models.load(models["qwen3-uneven"])

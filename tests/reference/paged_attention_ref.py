@@ -86,32 +86,38 @@ def paged_attention_ref(
 
 def fork_attention_ref(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    branch_seq: torch.Tensor, prefix_len: torch.Tensor, path_k: torch.Tensor, path_v: torch.Tensor,
-    path_len: torch.Tensor, scale: float,
+    seq_of_token: torch.Tensor, positions: torch.Tensor, prefix_seq: torch.Tensor, prefix_len: torch.Tensor,
+    scale: float, window: int = 0,
 ) -> torch.Tensor:
-    """Tree attention with an explicit mask over one key set shared by all branches.
+    """Tree attention with an explicit mask over one key set shared by all rows.
 
-    Keys: every sequence's prefix (as long as its longest branch needs), then every
-    branch's path. Branch n may see positions < prefix_len[n] of sequence
-    branch_seq[n] and slots < path_len[n] of its own path, nothing else.
-    q: [N, Hq, D]; path_k, path_v: [N, P, Hkv, D]. Returns [N, Hq, D] float64.
+    Keys: every forked-from sequence's prefix (as long as its longest fork needs),
+    then every row's own keys from its fork to its position. Row t may see
+    positions < prefix_len[t] of sequence prefix_seq[t] and positions
+    prefix_len[t]..positions[t] of its own table seq_of_token[t], nothing else
+    (with ``window`` > 0 only positions > positions[t] - window).
+    q: [T, Hq, D]; the others [T]. Returns [T, Hq, D] float64.
     """
-    keys, values, owner_seq, owner_branch, index = [], [], [], [], []
-    for s in branch_seq.unique().tolist():
-        n = int(prefix_len[branch_seq == s].max())
+    keys, values, kind, owner, index = [], [], [], [], []  # kind 0: a sequence's prefix, 1: a row's own keys
+    for s in prefix_seq.unique().tolist():
+        n = int(prefix_len[prefix_seq == s].max())
         keys.append(gather_positions(k_cache, block_tables[s], n))
         values.append(gather_positions(v_cache, block_tables[s], n))
-        owner_seq += [s] * n
-        owner_branch += [-1] * n
+        kind += [0] * n
+        owner += [s] * n
         index += range(n)
-    for b in range(q.shape[0]):
-        n = int(path_len[b])
-        keys.append(path_k[b, :n])
-        values.append(path_v[b, :n])
-        owner_seq += [-1] * n
-        owner_branch += [b] * n
-        index += range(n)
-    owner_seq, owner_branch, index = (torch.tensor(x) for x in (owner_seq, owner_branch, index))
-    sees_prefix = (owner_seq[None, :] == branch_seq[:, None].long()) & (index[None, :] < prefix_len[:, None])
-    sees_path = (owner_branch[None, :] == torch.arange(q.shape[0])[:, None]) & (index[None, :] < path_len[:, None])
-    return dense_attention(q, torch.cat(keys), torch.cat(values), sees_prefix | sees_path, scale)
+    for t in range(q.shape[0]):
+        own = range(int(prefix_len[t]), int(positions[t]) + 1)
+        table = block_tables[int(seq_of_token[t])]
+        keys.append(gather_positions(k_cache, table, own.stop)[own.start:])
+        values.append(gather_positions(v_cache, table, own.stop)[own.start:])
+        kind += [1] * len(own)
+        owner += [t] * len(own)
+        index += own
+    kind, owner, index = (torch.tensor(x, dtype=torch.long) for x in (kind, owner, index))
+    rows = torch.arange(q.shape[0])[:, None]
+    sees_prefix = (kind == 0) & (owner == prefix_seq.long()[:, None]) & (index < prefix_len.long()[:, None])
+    mask = sees_prefix | ((kind == 1) & (owner == rows))
+    if window > 0:
+        mask &= index[None, :] > positions.long()[:, None] - window
+    return dense_attention(q, torch.cat(keys), torch.cat(values), mask, scale)

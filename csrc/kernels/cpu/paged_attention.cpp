@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "bf16.h"
 #include "isa.h"
@@ -28,7 +29,7 @@ void kv_write(const PagedKv& kv, const float* k, const float* v, int64_t ld, int
   }
 }
 
-AttentionPlan paged_attention_plan(const PagedAttentionParams& p) {
+AttentionPlan attention_plan_over(const PagedAttentionParams& p, std::vector<RowRun> runs) {
   std::vector<int64_t> first(static_cast<size_t>(p.tokens), 0), end(first);
   for (int64_t t = 0; t < p.tokens; ++t) {
     const int32_t* table = p.block_tables + p.seq_of_token[t] * p.max_blocks;
@@ -36,8 +37,11 @@ AttentionPlan paged_attention_plan(const PagedAttentionParams& p) {
     end[t] = p.positions[t] + 1;
     first[t] = window_first_key(end[t], p.window);
   }
-  return attention_plan(same_sequence_runs(p.seq_of_token, p.tokens, kMaxSharedRows), first, end, p.num_heads,
-                        p.kv.head_dim);
+  return attention_plan(std::move(runs), first, end, p.num_heads, p.kv.head_dim);
+}
+
+AttentionPlan paged_attention_plan(const PagedAttentionParams& p) {
+  return attention_plan_over(p, same_sequence_runs(p.seq_of_token, p.tokens, kMaxSharedRows));
 }
 
 void paged_attention_units(const PagedAttentionParams& p, AttentionPlan& plan, int64_t begin, int64_t end) {

@@ -35,6 +35,10 @@ constexpr int64_t kMaxSharedRows = 16;
 /// The runs (of at most kMaxSharedRows tokens), pieces and partial rows of a
 /// call (attention_splits.h; host work, no attention).
 AttentionPlan paged_attention_plan(const PagedAttentionParams& params);
+/// The same with the rows grouped into `runs` (fork attention groups them by
+/// the sequence they fork from): query t attends to its positions' keys,
+/// none when its own entry is -1.
+AttentionPlan attention_plan_over(const PagedAttentionParams& params, std::vector<RowRun> runs);
 
 /// Computes units [begin, end) of plan.num_units(num_kv_heads). Units are
 /// independent, and a query's result does not depend on its run: any split

@@ -4,8 +4,10 @@
 // them in that order with explicit fmaf; the 32 partial sums meet in a fixed
 // xor tree. The order of every y[r, c] thus depends on k alone: R (picked by
 // m, so a decode step reads the weights once) only sets how many rows share a
-// weight load. Weights stream once per group of R rows, so large prefills
-// re-read them m / 16 times; the tiled version is the next step.
+// weight load. Weights stream once per group of R rows (up to 32: 128
+// registers, no spills on sm_90; 64 rows take 255 and spill), so a prefill of
+// m rows re-reads them m / 32 times; a product tiled through shared memory is
+// still to come.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -119,7 +121,8 @@ cudaError_t linear(const LinearParams& p, cudaStream_t stream) {
   if (p.m <= 2) return launch<2>(p, stream);
   if (p.m <= 4) return launch<4>(p, stream);
   if (p.m <= 8) return launch<8>(p, stream);
-  return launch<16>(p, stream);
+  if (p.m <= 16) return launch<16>(p, stream);
+  return launch<32>(p, stream);
 }
 
 }  // namespace ssd::kernels::cuda

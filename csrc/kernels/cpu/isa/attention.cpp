@@ -69,9 +69,12 @@ void add_split_rows(AttentionPlan& plan, const Unit<T>& u, int64_t piece, int64_
   }
 }
 
-template <typename T>
+/// Units [begin, end) of paged attention over the cache of T; slot_of_key(t,
+/// table, pos) is the cache slot of query row t's key at position pos, `table`
+/// being the row's run's block table (the same for every row of a run).
+template <typename T, typename SlotOfKey>
 void paged_units(const PagedAttentionParams& p, const T* k, const T* v, AttentionPlan& plan, int64_t begin,
-                 int64_t end) {
+                 int64_t end, const int32_t* run_seq, SlotOfKey slot_of_key) {
   const PagedKv& kv = p.kv;
   const auto run_of = [&](int64_t piece) -> const RowRun& { return plan.runs[plan.pieces[piece].run]; };
   for_each_unit(kv, k, v, p.num_heads, run_of, begin, end,
@@ -82,45 +85,41 @@ void paged_units(const PagedAttentionParams& p, const T* k, const T* v, Attentio
     };
     add_split_rows(plan, u, piece, p.num_heads, p.q, p.ldq, p.out, p.ldo, range, scratch);
     if (scratch.rows.empty()) return;
-    const int32_t* table = p.block_tables + p.seq_of_token[u.run.first] * p.max_blocks;
-    const auto key_at = [&](int64_t, int64_t pos) { return u.k + slot_of(table, pos, kv.block_size) * u.row; };
-    const auto value_at = [&](int64_t, int64_t pos) { return u.v + slot_of(table, pos, kv.block_size) * u.row; };
+    const std::vector<int64_t>& token_of = scratch.tokens;  // scratch row r serves query row token_of[r]
+    const int32_t* table = p.block_tables + run_seq[u.run.first] * p.max_blocks;
+    const auto key_at = [&](int64_t r, int64_t pos) { return u.k + slot_of_key(token_of[r], table, pos) * u.row; };
+    const auto value_at = [&](int64_t r, int64_t pos) { return u.v + slot_of_key(token_of[r], table, pos) * u.row; };
     attend_rows(scratch, u.group, u.d, p.scale, key_at, value_at);
   });
+}
+
+/// Both kernels over the cache's type.
+template <typename SlotOfKey>
+void units_over_cache(const PagedAttentionParams& p, AttentionPlan& plan, int64_t begin, int64_t end,
+                      const int32_t* run_seq, SlotOfKey slot_of_key) {
+  if (p.kv.bf16())
+    paged_units<uint16_t>(p, p.kv.k_bf16, p.kv.v_bf16, plan, begin, end, run_seq, slot_of_key);
+  else
+    paged_units<float>(p, p.kv.k, p.kv.v, plan, begin, end, run_seq, slot_of_key);
 }
 
 }  // namespace
 
 void paged_attention_units(const PagedAttentionParams& p, AttentionPlan& plan, int64_t begin, int64_t end) {
-  if (p.kv.bf16())
-    paged_units<uint16_t>(p, p.kv.k_bf16, p.kv.v_bf16, plan, begin, end);
-  else
-    paged_units<float>(p, p.kv.k, p.kv.v, plan, begin, end);
+  // A run is one sequence's rows: every key through the run's table.
+  const int64_t bs = p.kv.block_size;
+  units_over_cache(p, plan, begin, end, p.seq_of_token,
+                   [bs](int64_t, const int32_t* table, int64_t pos) { return slot_of(table, pos, bs); });
 }
 
 void fork_attention_units(const ForkAttentionParams& p, AttentionPlan& plan, int64_t begin, int64_t end) {
-  const PagedKv& kv = p.kv;
-  const auto run_of = [&](int64_t piece) -> const RowRun& { return plan.runs[plan.pieces[piece].run]; };
-  for_each_unit(kv, kv.k, kv.v, p.num_heads, run_of, begin, end,
-                [&](const Unit<float>& u, AttentionScratch& scratch, int64_t piece) {
-    const auto range = [&](int64_t n) { return std::pair<int64_t, int64_t>{0, int64_t{p.prefix_len[n]} + p.path_len[n]}; };
-    add_split_rows(plan, u, piece, p.num_heads, p.q, p.ldq, p.out, p.ldo, range, scratch);
-    if (scratch.rows.empty()) return;
-    const std::vector<int64_t>& branch_of = scratch.tokens;  // scratch row r serves branch branch_of[r]
-    const int32_t* table = p.block_tables + p.branch_seq[u.run.first] * p.max_blocks;
-    // Key i of branch n: prefix position i, then path slot i - prefix.
-    const auto offset = [&](int64_t r, int64_t i) {
-      const int64_t n = branch_of[r];
-      const int64_t prefix = p.prefix_len[n];
-      if (i < prefix) return slot_of(table, i, kv.block_size) * u.row;
-      return (n * p.max_path + i - prefix) * u.row;
-    };
-    const auto in_prefix = [&](int64_t r, int64_t i) { return i < p.prefix_len[branch_of[r]]; };
-    const float* path_k = p.path_k + u.kv_head * u.d;
-    const float* path_v = p.path_v + u.kv_head * u.d;
-    const auto key_at = [&](int64_t r, int64_t i) { return (in_prefix(r, i) ? u.k : path_k) + offset(r, i); };
-    const auto value_at = [&](int64_t r, int64_t i) { return (in_prefix(r, i) ? u.v : path_v) + offset(r, i); };
-    attend_rows(scratch, u.group, u.d, p.scale, key_at, value_at);
+  // A run is rows forking from one sequence (its table): keys below the
+  // row's fork through it, the rest through the row's own table.
+  const PagedAttentionParams& g = p.paged;
+  const int64_t bs = g.kv.block_size;
+  units_over_cache(g, plan, begin, end, p.prefix_seq, [&g, &p, bs](int64_t t, const int32_t* prefix, int64_t pos) {
+    if (pos < p.prefix_len[t]) return slot_of(prefix, pos, bs);
+    return slot_of(g.block_tables + g.seq_of_token[t] * g.max_blocks, pos, bs);
   });
 }
 
