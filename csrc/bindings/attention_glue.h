@@ -77,10 +77,11 @@ inline void check_per_row(const at::Tensor& t, const char* name, int64_t rows) {
   TORCH_CHECK(t.size(0) == rows, name, " must have ", rows, " entries (one per q row), got ", t.size(0));
 }
 
-/// Every shape, dtype and device check of paged_attention.
+/// Every shape, dtype and device check of paged_attention, and its window.
 inline void check_paged_attention_args(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                        const at::Tensor& block_tables, const at::Tensor& seq_of_token,
-                                       const at::Tensor& positions, const at::Tensor& out) {
+                                       const at::Tensor& positions, const at::Tensor& out, int64_t window) {
+  TORCH_CHECK(window >= 0, "window must be >= 0 (0: no sliding window), got ", window);
   check_paged_cache(q, k_cache, v_cache, block_tables, /*bf16=*/true);
   check_per_row(seq_of_token, "seq_of_token", q.size(0));
   check_per_row(positions, "positions", q.size(0));
@@ -94,8 +95,8 @@ inline void check_paged_attention_args(const at::Tensor& q, const at::Tensor& k_
 inline void check_fork_args(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                             const at::Tensor& block_tables, const at::Tensor& seq_of_token,
                             const at::Tensor& positions, const at::Tensor& prefix_seq, const at::Tensor& prefix_len,
-                            const at::Tensor& out) {
-  check_paged_attention_args(q, k_cache, v_cache, block_tables, seq_of_token, positions, out);
+                            const at::Tensor& out, int64_t window) {
+  check_paged_attention_args(q, k_cache, v_cache, block_tables, seq_of_token, positions, out, window);
   check_per_row(prefix_seq, "prefix_seq", q.size(0));
   check_per_row(prefix_len, "prefix_len", q.size(0));
   check_same_device(q, {{&prefix_seq, "prefix_seq"}, {&prefix_len, "prefix_len"}});
@@ -152,27 +153,6 @@ void run_units(int64_t units, int64_t work, const F& fn) {
   pool.parallel_for(units, 1, fn);
 }
 
-/// Fills the fields the CUDA paged and fork attention params share: the
-/// queries, the output and the paged cache with its block tables.
-template <typename Params>
-void fill_cache_params(Params& p, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                       const at::Tensor& block_tables, double scale, const at::Tensor& out) {
-  p.q = q.data_ptr<float>();
-  p.ldq = q.stride(0);
-  p.out = out.data_ptr<float>();
-  p.ldo = out.stride(0);
-  // fp32, or bf16 where Params takes it (the caller sets kv_bf16; check_paged_cache checked the dtype)
-  p.k_cache = static_cast<decltype(p.k_cache)>(k_cache.data_ptr());
-  p.v_cache = static_cast<decltype(p.v_cache)>(v_cache.data_ptr());
-  p.num_heads = q.size(1);
-  p.num_kv_heads = k_cache.size(2);
-  p.head_dim = q.size(2);
-  p.block_size = k_cache.size(1);
-  p.block_tables = block_tables.data_ptr<int32_t>();
-  p.max_blocks = block_tables.size(1);
-  p.scale = static_cast<float>(scale);
-}
-
 /// The CUDA kernels' split workspace (the split_* fields of
 /// kernels/cuda/paged_attention.h) for p.num_heads heads of p.head_dim, as
 /// tensors on `options`' device, allocated on the current stream (the
@@ -221,10 +201,21 @@ std::vector<at::Tensor> fill_paged_params(Params& p, const at::Tensor& q, const 
                                           const at::Tensor& v_cache, const at::Tensor& block_tables,
                                           const at::Tensor& seq_of_token, const at::Tensor& positions, double scale,
                                           const at::Tensor& out, int64_t window) {
-  TORCH_CHECK(window >= 0, "window must be >= 0 (0: no sliding window), got ", window);
   TORCH_CHECK(q.size(2) == 64 || q.size(2) == 128, "attention on CUDA supports head_dim 64 and 128, got ", q.size(2));
-  fill_cache_params(p, q, k_cache, v_cache, block_tables, scale, out);
+  p.q = q.data_ptr<float>();
+  p.ldq = q.stride(0);
+  p.out = out.data_ptr<float>();
+  p.ldo = out.stride(0);
+  p.k_cache = k_cache.data_ptr();  // fp32 or bf16 (check_paged_cache checked the dtype)
+  p.v_cache = v_cache.data_ptr();
   p.kv_bf16 = k_cache.scalar_type() == at::kBFloat16;
+  p.num_heads = q.size(1);
+  p.num_kv_heads = k_cache.size(2);
+  p.head_dim = q.size(2);
+  p.block_size = k_cache.size(1);
+  p.block_tables = block_tables.data_ptr<int32_t>();
+  p.max_blocks = block_tables.size(1);
+  p.scale = static_cast<float>(scale);
   p.num_tokens = q.size(0);
   p.seq_of_token = seq_of_token.data_ptr<int32_t>();
   p.positions = positions.data_ptr<int32_t>();

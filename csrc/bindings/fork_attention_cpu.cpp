@@ -29,8 +29,8 @@ void fork_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, const at
                         const at::Tensor& block_tables, const at::Tensor& seq_of_token, const at::Tensor& positions,
                         const at::Tensor& prefix_seq, const at::Tensor& prefix_len, double scale,
                         const at::Tensor& out, int64_t window) {
-  attention::check_fork_args(q, k_cache, v_cache, block_tables, seq_of_token, positions, prefix_seq, prefix_len, out);
-  TORCH_CHECK(window >= 0, "window must be >= 0 (0: no sliding window), got ", window);
+  attention::check_fork_args(q, k_cache, v_cache, block_tables, seq_of_token, positions, prefix_seq, prefix_len, out,
+                             window);
   const int64_t keys = attention::check_paged_attention_indices(k_cache, block_tables, seq_of_token, positions, window);
   check_fork_indices(k_cache, block_tables, positions, prefix_seq, prefix_len);
   const kernels::ForkAttentionParams params{attention::paged_params(q, k_cache, v_cache, block_tables, seq_of_token,

@@ -20,7 +20,8 @@ void fork_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const a
                          const at::Tensor& block_tables, const at::Tensor& seq_of_token, const at::Tensor& positions,
                          const at::Tensor& prefix_seq, const at::Tensor& prefix_len, double scale,
                          const at::Tensor& out, int64_t window) {
-  attention::check_fork_args(q, k_cache, v_cache, block_tables, seq_of_token, positions, prefix_seq, prefix_len, out);
+  attention::check_fork_args(q, k_cache, v_cache, block_tables, seq_of_token, positions, prefix_seq, prefix_len, out,
+                             window);
   const c10::cuda::CUDAGuard guard(q.device());
   kernels::cuda::ForkAttentionParams p;
   const std::vector<at::Tensor> workspace = attention::fill_paged_params(p.paged, q, k_cache, v_cache, block_tables,

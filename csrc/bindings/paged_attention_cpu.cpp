@@ -12,8 +12,7 @@ namespace {
 void paged_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                          const at::Tensor& block_tables, const at::Tensor& seq_of_token,
                          const at::Tensor& positions, double scale, const at::Tensor& out, int64_t window) {
-  attention::check_paged_attention_args(q, k_cache, v_cache, block_tables, seq_of_token, positions, out);
-  TORCH_CHECK(window >= 0, "window must be >= 0 (0: no sliding window), got ", window);
+  attention::check_paged_attention_args(q, k_cache, v_cache, block_tables, seq_of_token, positions, out, window);
   const int64_t keys = attention::check_paged_attention_indices(k_cache, block_tables, seq_of_token, positions, window);
   const kernels::PagedAttentionParams params =
       attention::paged_params(q, k_cache, v_cache, block_tables, seq_of_token, positions, scale, out, window);

@@ -19,7 +19,7 @@ namespace {
 void paged_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                           const at::Tensor& block_tables, const at::Tensor& seq_of_token,
                           const at::Tensor& positions, double scale, const at::Tensor& out, int64_t window) {
-  attention::check_paged_attention_args(q, k_cache, v_cache, block_tables, seq_of_token, positions, out);
+  attention::check_paged_attention_args(q, k_cache, v_cache, block_tables, seq_of_token, positions, out, window);
   const c10::cuda::CUDAGuard guard(q.device());
   kernels::cuda::PagedAttentionParams p;
   const std::vector<at::Tensor> workspace =

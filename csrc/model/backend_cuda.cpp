@@ -287,37 +287,6 @@ class CudaBackend final : public AtenBackend {
     return out;
   }
 
-  // The kernels' params for q [T, Hq, d] over the layer's cache and the
-  // batch's tables; out gets [T, Hq * d]. Returns the split workspace (kept
-  // until the launch is queued; freed stream-ordered).
-  std::vector<at::Tensor> attention_params(kernels::cuda::PagedAttentionParams& p, const at::Tensor& q, KvCache& cache,
-                                           int64_t layer, const DeviceBatch& b, float scale, int64_t window,
-                                           at::Tensor& out) const {
-    const int64_t d = q.size(2);
-    const kernels::PagedKv kv = cache.layer(layer);
-    out = at::empty({q.size(0), q.size(1) * d}, q.options());
-    p.q = q.data_ptr<float>();
-    p.ldq = q.stride(0);
-    p.out = out.data_ptr<float>();
-    p.ldo = out.stride(0);
-    p.kv_bf16 = kv.bf16();
-    p.k_cache = kv.bf16() ? static_cast<const void*>(kv.k_bf16) : kv.k;
-    p.v_cache = kv.bf16() ? static_cast<const void*>(kv.v_bf16) : kv.v;
-    p.num_tokens = q.size(0);
-    p.num_heads = q.size(1);
-    p.num_kv_heads = kv.num_kv_heads;
-    p.head_dim = d;
-    p.block_size = kv.block_size;
-    p.block_tables = b.block_tables.data_ptr<int32_t>();
-    p.max_blocks = b.host->max_blocks;
-    p.seq_of_token = b.seq_of_token.data_ptr<int32_t>();
-    p.positions = b.positions.data_ptr<int32_t>();
-    p.scale = scale;
-    p.window = window;
-    return attention::split_workspace(
-        p, p.num_tokens, kernels::max_key_splits(b.host->positions.data(), p.num_tokens, window), q.options());
-  }
-
   // The kv_commit kernel on the model's stream, the cache as its own tree
   // (every source row staged before any is written). The indices are checked
   // here, so the kernel's status is never read back: no sync.
@@ -353,6 +322,37 @@ class CudaBackend final : public AtenBackend {
   }
 
  private:
+  // The kernels' params for q [T, Hq, d] over the layer's cache and the
+  // batch's tables; out gets [T, Hq * d]. Returns the split workspace (kept
+  // until the launch is queued; freed stream-ordered).
+  std::vector<at::Tensor> attention_params(kernels::cuda::PagedAttentionParams& p, const at::Tensor& q, KvCache& cache,
+                                           int64_t layer, const DeviceBatch& b, float scale, int64_t window,
+                                           at::Tensor& out) const {
+    const int64_t d = q.size(2);
+    const kernels::PagedKv kv = cache.layer(layer);
+    out = at::empty({q.size(0), q.size(1) * d}, q.options());
+    p.q = q.data_ptr<float>();
+    p.ldq = q.stride(0);
+    p.out = out.data_ptr<float>();
+    p.ldo = out.stride(0);
+    p.kv_bf16 = kv.bf16();
+    p.k_cache = kv.bf16() ? static_cast<const void*>(kv.k_bf16) : kv.k;
+    p.v_cache = kv.bf16() ? static_cast<const void*>(kv.v_bf16) : kv.v;
+    p.num_tokens = q.size(0);
+    p.num_heads = q.size(1);
+    p.num_kv_heads = kv.num_kv_heads;
+    p.head_dim = d;
+    p.block_size = kv.block_size;
+    p.block_tables = b.block_tables.data_ptr<int32_t>();
+    p.max_blocks = b.host->max_blocks;
+    p.seq_of_token = b.seq_of_token.data_ptr<int32_t>();
+    p.positions = b.positions.data_ptr<int32_t>();
+    p.scale = scale;
+    p.window = window;
+    return attention::split_workspace(
+        p, p.num_tokens, kernels::max_key_splits(b.host->positions.data(), p.num_tokens, window), q.options());
+  }
+
   // Called inside forward_scope (or a step's own guard): the role stream the
   // scope made current, or the draft's for a step called outside any scope.
   cudaStream_t stream() const {

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import ssd._C  # noqa: F401  registers torch.ops.ssd
+from tests.kernels.test_paged_attention import assert_same_on_one_thread
 from tests.reference.paged_attention_ref import fork_attention_ref, random_paged_cache
 
 NUM_KV_HEADS = 2
@@ -141,15 +142,8 @@ def test_bf16_cache_equals_fp32_over_the_rounded_values():
     assert torch.equal(run(args), bf16)
 
 
-def test_row_independent_of_batch_and_threads():
-    args, _ = make_inputs(8, 64, 16, seed=3)
-    batched = run(args).clone()
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(run(args), batched)
-    finally:
-        torch.set_num_threads(threads)
+def assert_rows_alone_equal(args, batched):
+    """Every row of args run alone gives its row of `batched` bitwise."""
     q, k_cache, v_cache, tables, seq_of_token, positions, prefix_seq, prefix_len, scale, _ = args
     for t in range(q.shape[0]):
         one = slice(t, t + 1)
@@ -157,6 +151,13 @@ def test_row_independent_of_batch_and_threads():
         torch.ops.ssd.fork_attention(q[one], k_cache, v_cache, tables, seq_of_token[one], positions[one],
                                      prefix_seq[one], prefix_len[one], scale, alone)
         assert torch.equal(alone[0], batched[t]), f"row {t}"
+
+
+def test_row_independent_of_batch_and_threads():
+    args, _ = make_inputs(8, 64, 16, seed=3)
+    batched = run(args).clone()
+    assert_same_on_one_thread(lambda: run(args), batched)
+    assert_rows_alone_equal(args, batched)
 
 
 def test_opcheck():
@@ -216,11 +217,4 @@ def test_cuda_equals_paged_attention_over_the_copied_prefix_bitwise():
 def test_cuda_row_independent_of_batch():
     args, _ = make_inputs(8, 128, 16, seed=5)
     args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
-    q, k_cache, v_cache, tables, seq_of_token, positions, prefix_seq, prefix_len, scale, _ = args
-    batched = run(args).clone()
-    for t in range(q.shape[0]):
-        one = slice(t, t + 1)
-        alone = torch.empty_like(q[one])
-        torch.ops.ssd.fork_attention(q[one], k_cache, v_cache, tables, seq_of_token[one], positions[one],
-                                     prefix_seq[one], prefix_len[one], scale, alone)
-        assert torch.equal(alone[0], batched[t]), f"row {t}"
+    assert_rows_alone_equal(args, run(args).clone())
