@@ -7,7 +7,9 @@
 #   step        budget  what
 #   build        180 s  pip install --no-deps --no-build-isolation . (SSD_CUDA=on, sm_90 only)
 #   tests         80 s  pytest -m cuda, the law and tensor-parallel tests aside: every backend op and torch.ops.ssd op
-#                       against the CPU oracle, the CUDA forward's batch invariance and parity; greedy
+#                       against the CPU oracle, the CUDA forward's batch invariance and parity, its
+#                       CUDA graphs' replays against launched kernels, batch_invariant=False's flash
+#                       prefill attention against the reference; greedy
 #                       sd and ssd = ar and seeded Gumbel sd and ssd = ar with the draft on the target's
 #                       GPU, on the CPU beside it and on its own GPU (skipped on one GPU); the round's
 #                       device-to-host bytes

@@ -105,6 +105,7 @@ EngineConfig engine_config_fields(const py::dict& d) {
   get(d, "coupling", c.coupling);
   get(d, "draft_matmul_min_rows", c.draft_matmul_min_rows);
   get(d, "batch_invariant", c.batch_invariant);
+  get(d, "cuda_graphs", c.cuda_graphs);
   get(d, "backend", c.backend);
   get(d, "kv_cache_dtype", c.kv_cache_dtype);
   get(d, "adaptive", c.adaptive);
@@ -373,8 +374,9 @@ void bind_models(py::module_& m) {
       .def(py::init([](const py::dict& config, const py::dict& weights, const std::string& device,
                        const std::string& backend, bool batch_invariant,
                        const std::map<std::string, std::string>& formats, bool int8_activations,
-                       const py::object& tensor_parallel) {
-             model::ModelPlacement placement{device, backend, model::BackendOptions{batch_invariant, int8_activations},
+                       const py::object& tensor_parallel, bool cuda_graphs) {
+             model::ModelPlacement placement{device, backend,
+                                             model::BackendOptions{batch_invariant, int8_activations, cuda_graphs},
                                              bindings::tensor_parallel_from(tensor_parallel)};
              model::FormatMap format_map;
              for (const auto& [name, format] : formats) format_map.emplace(name, kernels::quant_type(format));
@@ -383,11 +385,12 @@ void bind_models(py::module_& m) {
            }),
            py::arg("config"), py::arg("weights"), py::arg("device") = "cpu", py::arg("backend") = "auto",
            py::arg("batch_invariant") = true, py::arg("formats") = std::map<std::string, std::string>{},
-           py::arg("int8_activations") = true, py::arg("tensor_parallel") = py::none(),
+           py::arg("int8_activations") = true, py::arg("tensor_parallel") = py::none(), py::arg("cuda_graphs") = true,
            "weights: HF name -> tensor; formats: name -> GGUF block format (q8_0, q4_0, q4_1) of the weights "
            "passed as uint8 GGUF rows [n, row bytes]; int8_activations: those matrices multiply int8 "
            "activations (else fp32 ones: exactly the dequantised model); tensor_parallel: None, or (rank, size, "
-           "all_gather, broadcast) to hold that rank's shard (model/tensor_parallel.h; ssd.distributed).")
+           "all_gather, broadcast) to hold that rank's shard (model/tensor_parallel.h; ssd.distributed); "
+           "cuda_graphs: the cuda backend replays a CUDA graph per padded forward shape (model/forward_shape.h).")
       .def("lead", &model::Model::lead, py::arg("on") = true,
            "Rank 0 of a tensor-parallel group: each forward first sends its input to the ranks in follow().")
       .def("follow", &model::Model::follow, py::arg("num_threads") = 1, py::call_guard<py::gil_scoped_release>(),
@@ -407,7 +410,15 @@ void bind_models(py::module_& m) {
       .def_property_readonly("weight_bytes", &model::Model::weight_bytes,
                              "Bytes the backend holds for the weights (matrices, embedding, vectors).")
       .def_property_readonly("device", &model::Model::device)
-      .def_property_readonly("backend", [](const model::Model& m) { return m.backend().name(); });
+      .def_property_readonly("backend", [](const model::Model& m) { return m.backend().name(); })
+      .def(
+          "graph_counts",
+          [](const model::Model& m) {
+            const model::GraphCounts c = m.backend().graph_counts();
+            return py::dict(py::arg("captured") = c.captured, py::arg("replayed") = c.replayed,
+                            py::arg("evicted") = c.evicted);
+          },
+          "The CUDA graphs of this model's forwards: {captured, replayed, evicted} (zeros off the cuda backend).");
   m.def("available_backends", &model::available_backends,
         "The model backends this build can run here: 'cpu', 'aten' and, with CUDA, 'cuda'.");
   m.def("device_problem", &model::device_problem, py::arg("device"),

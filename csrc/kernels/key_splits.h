@@ -40,4 +40,13 @@ inline int64_t max_key_splits(const int32_t* positions, int64_t n, int64_t windo
   return most;
 }
 
+/// At least the most splits a query at any position below key_bound spans
+/// (key_bound >= 1): a launch sized by it serves every such query (a query
+/// leaves the splits past its own unused).
+inline int64_t max_key_splits_below(int64_t key_bound, int64_t window) {
+  const int64_t all = key_splits(0, key_bound);
+  // A window of w keys starting anywhere spans at most (w - 1) / kSplitKeys + 2 splits.
+  return window > 0 && (window - 1) / kSplitKeys + 2 < all ? (window - 1) / kSplitKeys + 2 : all;
+}
+
 }  // namespace ssd::kernels

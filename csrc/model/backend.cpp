@@ -58,23 +58,30 @@ at::Tensor Backend::kv_storage(const std::vector<int64_t>& sizes, at::ScalarType
 
 // One host buffer, one copy to the device, then views: the index arrays cross
 // once per forward.
-DeviceBatch Backend::upload(const ForwardInput& in) const {
-  const std::vector<const std::vector<int32_t>*> parts = {&in.tokens,       &in.positions,  &in.seq_of_token,
-                                                          &in.block_tables, &in.logit_rows, &in.prefix_seq,
-                                                          &in.prefix_len};
+namespace {
+
+std::vector<const std::vector<int32_t>*> index_arrays(const ForwardInput& in) {
+  return {&in.tokens, &in.positions, &in.seq_of_token, &in.block_tables, &in.logit_rows, &in.prefix_seq,
+          &in.prefix_len};
+}
+
+}  // namespace
+
+at::Tensor packed_indices(const ForwardInput& in, bool pinned) {
   int64_t total = 0;
-  for (const auto* p : parts) total += static_cast<int64_t>(p->size());
-  // Pinned on a GPU backend, so the copy is asynchronous (no sync in a forward).
-  const bool cpu = device().is_cpu();
-  at::Tensor host = at::empty({total}, at::TensorOptions().dtype(at::kInt).pinned_memory(!cpu));
+  for (const auto* p : index_arrays(in)) total += static_cast<int64_t>(p->size());
+  at::Tensor host = at::empty({total}, at::TensorOptions().dtype(at::kInt).pinned_memory(pinned));
   int32_t* dst = host.data_ptr<int32_t>();
-  for (const auto* p : parts) dst = std::copy(p->begin(), p->end(), dst);
-  const at::Tensor dev = cpu ? host : host.to(device(), at::kInt, /*non_blocking=*/true);
+  for (const auto* p : index_arrays(in)) dst = std::copy(p->begin(), p->end(), dst);
+  return host;
+}
+
+DeviceBatch batch_views(const ForwardInput& in, const at::Tensor& packed) {
   std::vector<at::Tensor> views;
   int64_t offset = 0;
-  for (const auto* p : parts) {
+  for (const auto* p : index_arrays(in)) {
     const auto n = static_cast<int64_t>(p->size());
-    views.push_back(dev.narrow(0, offset, n));
+    views.push_back(packed.narrow(0, offset, n));
     offset += n;
   }
   DeviceBatch b;
@@ -89,6 +96,13 @@ DeviceBatch Backend::upload(const ForwardInput& in) const {
     b.prefix_len = views[6];
   }
   return b;
+}
+
+DeviceBatch Backend::upload(const ForwardInput& in) const {
+  // Pinned on a GPU backend, so the copy is asynchronous (no sync in a forward).
+  const bool cpu = device().is_cpu();
+  const at::Tensor host = packed_indices(in, !cpu);
+  return batch_views(in, cpu ? host : host.to(device(), at::kInt, /*non_blocking=*/true));
 }
 
 at::Tensor Backend::gather_rows(const at::Tensor& x, const DeviceBatch& b) const {

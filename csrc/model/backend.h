@@ -17,6 +17,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -28,6 +29,7 @@
 namespace ssd::model {
 
 class KvCache;
+struct ForwardShape;  // forward_shape.h
 
 /// Tokens of several sequences flattened into one batch (host memory).
 struct ForwardInput {
@@ -52,6 +54,11 @@ struct ForwardInput {
   /// exactness never depends on the draft's numerics. Backends without such
   /// a path ignore it.
   int64_t matmul_min_rows = 0;
+  /// > 0: every position of this forward, and of every forward a graph
+  /// captured from it replays (forward_shape.h), is below key_bound: the
+  /// cuda backend sizes its attention's key splits by it instead of by the
+  /// positions. 0: by the positions.
+  int64_t key_bound = 0;
 };
 
 /// A weight matrix [n, k] in the backend's layout: dense (fp32 or bf16
@@ -123,6 +130,18 @@ struct BackendOptions {
   /// exactly the model of the dequantised weights. Rows are batch invariant
   /// either way.
   bool int8_activations = true;
+  /// The cuda backend pads each forward of at most kMaxBucketTokens tokens
+  /// to its bucket shape (forward_shape.h) and replays a CUDA graph captured
+  /// per shape and stream role, so a step costs one launch rather than
+  /// hundreds. The logits are the same bits either way. Others ignore it.
+  bool cuda_graphs = true;
+};
+
+/// What Backend::graphed has done so far (the cuda backend; zeros elsewhere).
+struct GraphCounts {
+  int64_t captured = 0;  ///< graphs captured (one per shape and role, again after an eviction)
+  int64_t replayed = 0;  ///< forwards run as a graph's replay
+  int64_t evicted = 0;   ///< graphs dropped to stay within the backend's limit
 };
 
 class Backend {
@@ -177,6 +196,27 @@ class Backend {
   /// Waits for the backend's queued work (tests of single steps).
   virtual void synchronize() const {}
   virtual DeviceBatch upload(const ForwardInput& in) const;
+  /// Whether Model::forward_device pads its forwards and runs them through
+  /// graphed(): the cuda backend with cuda_graphs, where every step of the
+  /// forward is one of its kernels (head_dim 64 or 128; the aten fallbacks
+  /// read the host). False elsewhere.
+  virtual bool captures_forwards(int64_t head_dim) const {
+    (void)head_dim;
+    return false;
+  }
+  /// run(upload(in)) for `in` padded to `shape` (Model::forward_bucketed),
+  /// inside forward_scope: the cuda backend replays a graph captured per
+  /// shape, stream role and KV cache (KvCache::id; the graph holds its addresses) (its first forward of a shape runs as it is, as
+  /// the warm-up), `in`'s index arrays copied into the graph's own device
+  /// buffers; the logits returned are the caller's own, not the graph's.
+  /// Elsewhere the padded forward runs as it is.
+  virtual at::Tensor graphed(int64_t cache_id, const ForwardShape& shape, const ForwardInput& in,
+                             const std::function<at::Tensor(const DeviceBatch&)>& run) const {
+    (void)cache_id;
+    (void)shape;
+    return run(upload(in));
+  }
+  virtual GraphCounts graph_counts() const { return {}; }
   /// [T, h] fp32 rows of the embedding table.
   virtual at::Tensor embed(const at::Tensor& table, const DeviceBatch& b) const = 0;
   /// [T, h] fp32 rows of an embedding table held as a quantized matrix (one
@@ -263,6 +303,14 @@ class Backend {
   virtual void copy_kv_slots(KvCache& cache, const std::vector<int64_t>& src_slots,
                              const std::vector<int64_t>& dst_slots) const = 0;
 };
+
+/// A forward's index arrays (ForwardInput: tokens, positions, seq_of_token,
+/// block_tables, logit_rows, prefix_seq, prefix_len) one after another in one
+/// int32 host tensor, pinned or not: what one copy moves to a device.
+at::Tensor packed_indices(const ForwardInput& in, bool pinned);
+/// The DeviceBatch whose arrays are views of `packed` (packed_indices' layout,
+/// on any device); its host is `in`.
+DeviceBatch batch_views(const ForwardInput& in, const at::Tensor& packed);
 
 /// copy_kv_slots' host check of its indices against a cache of num_slots
 /// slots: throws std::invalid_argument naming the first bad one.

@@ -5,7 +5,10 @@
 // between slots run kv_commit's kernel. Weights and the KV cache
 // live on the device; each model runs on its own streams (one per StreamRole); a forward crosses to
 // the host only for its index arrays (one copy in) and its logit rows (one
-// copy out).
+// copy out). Forwards of up to kMaxBucketTokens tokens replay CUDA graphs
+// (forward_graphs_cuda.h) unless BackendOptions::cuda_graphs is off. With
+// batch_invariant=False the products are cuBLAS's and a prefill's attention
+// the stock dense kernels' (dense_attention.h).
 #include <memory>
 
 #include "backend.h"
@@ -39,12 +42,26 @@
 #include "../kernels/cuda/verify.h"
 #include "../kernels/key_splits.h"
 #include "backend_aten.h"
+#include "dense_attention.h"
+#include "forward_graphs_cuda.h"
+#include "forward_shape.h"
 #include "kv_cache.h"
 #include "round_params.h"
 
 namespace ssd::model {
 
 namespace {
+
+// Graphs kept per stream role: a model's steady state uses a few shapes
+// (decode or verify at its batch buckets, the draft's tree and fallback);
+// each graph keeps its logits and index buffers.
+constexpr int64_t kMaxGraphsPerRole = 32;
+
+// batch_invariant=False: a forward whose every sequence extends by at least
+// this many tokens (a prefill, or a prefill chunk) takes the stock dense
+// kernels' attention (dense_attention.h), which reads each key tile once per
+// tile of queries.
+constexpr int64_t kDenseMinRunTokens = 32;
 
 void check_launch(cudaError_t err, const char* step) {
   if (err != cudaSuccess) throw std::runtime_error(std::string("cuda backend: ") + step + ": " + cudaGetErrorString(err));
@@ -126,6 +143,23 @@ class CudaBackend final : public AtenBackend {
     at::Tensor storage = at::zeros(sizes, at::TensorOptions().dtype(dtype).device(device_));
     after_current_stream();
     return storage;
+  }
+
+  bool captures_forwards(int64_t head_dim) const override {
+    return options_.cuda_graphs && (head_dim == 64 || head_dim == 128);
+  }
+
+  // The graphs of the calling thread's role (forward_scope made its stream current).
+  at::Tensor graphed(int64_t cache_id, const ForwardShape& shape, const ForwardInput& in,
+                     const std::function<at::Tensor(const DeviceBatch&)>& run) const override {
+    const c10::cuda::CUDAStream current = role_stream(c10::cuda::getCurrentCUDAStream(device_.index()));
+    ForwardGraphs& graphs = current == target_stream_ ? *target_graphs_ : *draft_graphs_;
+    return graphs.run(cache_id, shape, in, run, device_, current);
+  }
+
+  GraphCounts graph_counts() const override {
+    const GraphCounts t = target_graphs_->counts(), d = draft_graphs_->counts();
+    return {t.captured + d.captured, t.replayed + d.replayed, t.evicted + d.evicted};
   }
 
   // ---- the round's steps: the kernels/cuda twins, on the model's stream.
@@ -265,6 +299,13 @@ class CudaBackend final : public AtenBackend {
 
   at::Tensor paged_attention(const at::Tensor& q, KvCache& cache, int64_t layer, const DeviceBatch& b, float scale,
                              int64_t window, StepContext& ctx) const override {
+    if (!options_.batch_invariant && b.host->key_bound == 0) {  // not inside a graph: the runs are the host's
+      const std::vector<PrefillRun> runs = prefill_runs(*b.host, cache.block_size(), kDenseMinRunTokens);
+      if (!runs.empty()) {
+        const at::Tensor kv = cache.storage()[layer];
+        return dense_attention(q, kv[0], kv[1], runs, *b.host, scale, window, at::kBFloat16);
+      }
+    }
     if (q.size(2) != 64 && q.size(2) != 128)
       return AtenBackend::paged_attention(q, cache, layer, b, scale, window, ctx);
     at::Tensor out;
@@ -349,8 +390,10 @@ class CudaBackend final : public AtenBackend {
     p.positions = b.positions.data_ptr<int32_t>();
     p.scale = scale;
     p.window = window;
-    return attention::split_workspace(
-        p, p.num_tokens, kernels::max_key_splits(b.host->positions.data(), p.num_tokens, window), q.options());
+    const int64_t splits = b.host->key_bound > 0
+                               ? kernels::max_key_splits_below(b.host->key_bound, window)
+                               : kernels::max_key_splits(b.host->positions.data(), p.num_tokens, window);
+    return attention::split_workspace(p, p.num_tokens, splits, q.options());
   }
 
   // Called inside forward_scope (or a step's own guard): the role stream the
@@ -376,6 +419,9 @@ class CudaBackend final : public AtenBackend {
 
   BackendOptions options_;
   c10::cuda::CUDAStream target_stream_, draft_stream_;
+  // Per role: the graphs replay in their own stream's order.
+  std::unique_ptr<ForwardGraphs> target_graphs_ = std::make_unique<ForwardGraphs>(kMaxGraphsPerRole);
+  std::unique_ptr<ForwardGraphs> draft_graphs_ = std::make_unique<ForwardGraphs>(kMaxGraphsPerRole);
 };
 
 }  // namespace

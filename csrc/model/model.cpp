@@ -1,9 +1,12 @@
 #include "model.h"
 
+#include "forward_shape.h"
+
 #include <ATen/ATen.h>
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -253,6 +256,8 @@ void Model::check(const ForwardInput& in, const KvCache& cache) const {
     };
     if (seq < 0 || seq >= seqs || pos < 0 || pos / bs >= in.max_blocks)
       throw std::invalid_argument(token() + " has no block-table entry");
+    if (in.key_bound > 0 && pos >= in.key_bound)
+      throw std::invalid_argument(token() + " is past the forward's key_bound " + std::to_string(in.key_bound));
     const int64_t own = seq * in.max_blocks + pos / bs;
     const int32_t block = in.block_tables[own];
     if (block == -1) continue;  // padding
@@ -322,8 +327,7 @@ at::Tensor Model::forward(const ForwardInput& in, KvCache& cache, kernels::Threa
 }
 
 at::Tensor Model::forward_device(const ForwardInput& in, KvCache& cache, kernels::ThreadPool& pool) const {
-  const auto& c = config_;
-  const Backend& be = *backend_;
+  if (tp_.size == 1 && backend_->captures_forwards(config_.head_dim)) return forward_bucketed(in, cache, pool);
   check(in, cache);
   if (leading_) {
     ForwardMessage message{ForwardMessage::Kind::kForward, cache.id(),         cache.num_blocks(),
@@ -331,12 +335,38 @@ at::Tensor Model::forward_device(const ForwardInput& in, KvCache& cache, kernels
     broadcast_forward(*tp_.collective, 0, message);
     last_message_ = std::chrono::steady_clock::now();
   }
-  const auto rows = static_cast<int64_t>(in.logit_rows.size());
+  return unpadded(in, cache, pool);
+}
+
+at::Tensor Model::forward_bucketed(const ForwardInput& in, KvCache& cache, kernels::ThreadPool& pool) const {
+  if (tp_.size > 1)
+    throw std::logic_error("forward_bucketed: not with tensor parallelism (its ranks take the forward as it is)");
+  check(in, cache);
+  const std::optional<ForwardShape> shape = forward_shape(in);
+  if (!shape) return unpadded(in, cache, pool);  // no tokens, or a prefill past the largest bucket
+  // The keys every forward of this shape can address: the table's width in blocks.
+  const ForwardInput padded = padded_input(in, *shape, shape->max_blocks * cache.block_size());
+  const Backend& be = *backend_;
+  const auto scope = be.forward_scope();
+  StepContext ctx{pool, padded.matmul_min_rows};
+  const at::Tensor logits =
+      be.graphed(cache.id(), *shape, padded, [&](const DeviceBatch& b) { return layers(b, cache, ctx); });
+  return logits.narrow(0, 0, static_cast<int64_t>(in.logit_rows.size()));
+}
+
+at::Tensor Model::unpadded(const ForwardInput& in, KvCache& cache, kernels::ThreadPool& pool) const {
+  const Backend& be = *backend_;
   if (in.tokens.empty())
-    return at::empty({rows, c.vocab_size}, at::TensorOptions().dtype(at::kFloat).device(be.device()));
+    return at::empty({static_cast<int64_t>(in.logit_rows.size()), config_.vocab_size},
+                     at::TensorOptions().dtype(at::kFloat).device(be.device()));
   const auto scope = be.forward_scope();
   StepContext ctx{pool, in.matmul_min_rows};
-  const DeviceBatch b = be.upload(in);
+  return layers(be.upload(in), cache, ctx);
+}
+
+at::Tensor Model::layers(const DeviceBatch& b, KvCache& cache, StepContext& ctx) const {
+  const auto& c = config_;
+  const Backend& be = *backend_;
   // [T, h], the residual stream
   const at::Tensor x = embed_.defined() ? be.embed(embed_, b) : be.embed_rows(embed_rows_, b);
   for (int64_t i = 0; i < c.num_layers; ++i) {

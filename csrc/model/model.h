@@ -73,7 +73,16 @@ class Model {
   at::Tensor forward(const ForwardInput& input, KvCache& cache, kernels::ThreadPool& pool) const;
   /// The same forward, its logits [rows, vocab] fp32 left on the backend's
   /// device (queued on the model's stream): the engine's round reads them there.
+  /// On a backend that captures forwards (the cuda one, with cuda_graphs)
+  /// and without tensor parallelism, this is forward_bucketed.
   at::Tensor forward_device(const ForwardInput& input, KvCache& cache, kernels::ThreadPool& pool) const;
+  /// forward_device over the input padded to its bucket shape
+  /// (forward_shape.h) and run through Backend::graphed: on the cuda backend
+  /// the replay of a graph captured per shape, elsewhere the padded forward
+  /// as it is. The same logits, bitwise, and the same K / V written.
+  /// Forwards past the largest bucket run unpadded. Not with tensor
+  /// parallelism (std::logic_error).
+  at::Tensor forward_bucketed(const ForwardInput& input, KvCache& cache, kernels::ThreadPool& pool) const;
 
   /// Tensor parallelism, one process per rank. Either every rank calls
   /// forward with the same input (SPMD), or rank 0 leads: with lead(true) its
@@ -118,6 +127,10 @@ class Model {
   void attention_block(const Layer& layer, int64_t index, const DeviceBatch& batch, KvCache& cache,
                        const at::Tensor& x, StepContext& ctx) const;
   void mlp_block(const Layer& layer, const at::Tensor& x, StepContext& ctx) const;
+  /// A checked forward as it is, uploaded and run (no graph).
+  at::Tensor unpadded(const ForwardInput& input, KvCache& cache, kernels::ThreadPool& pool) const;
+  /// The layers over an uploaded batch -> logits [logit rows, vocab] on the device.
+  at::Tensor layers(const DeviceBatch& batch, KvCache& cache, StepContext& ctx) const;
 
   ModelConfig config_;
   ShardLayout shard_;

@@ -97,8 +97,12 @@ class EngineConfig:
     batch_invariant: True (the default) keeps every row's logits bitwise
     independent of the batch on CUDA too, which is what makes greedy
     sd token-identical to ar; False lets the CUDA backend use stock cuBLAS
-    products (on bf16 activations for bf16 weights), faster and not
-    token-identical. The CPU is always invariant. backend: "auto" (each
+    products (on bf16 activations for bf16 weights) and, for prefills, stock
+    bf16 dense attention (flash attention), faster and not token-identical. The CPU is always invariant. cuda_graphs: True (the
+    default) lets the CUDA backend pad each forward of up to 512 tokens to a
+    batch bucket and replay a CUDA graph captured per bucket shape (one
+    launch per step instead of hundreds; the same logits, bit for bit);
+    False launches every kernel. Ignored on the CPU. backend: "auto" (each
     device's own kernels) or "aten" (the reference backend over ATen ops;
     on the CPU it stands in for a device: the target's logits stay in
     tensors and every round runs the device path, which is how that path is
@@ -160,6 +164,7 @@ class EngineConfig:
     coupling: str = "gumbel"
     draft_matmul_min_rows: int = 4
     batch_invariant: bool = True
+    cuda_graphs: bool = True
     backend: str = "auto"
     kv_cache_dtype: str = "auto"
     adaptive: bool = True

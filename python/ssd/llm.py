@@ -148,13 +148,15 @@ class LLM:
         from ssd import _C
 
         core = self.model.core_model(config.target_device, config.backend, batch_invariant=config.batch_invariant,
-                                     int8_activations=int8, tensor_parallel=tensor_parallel)
+                                     int8_activations=int8, tensor_parallel=tensor_parallel,
+                                     cuda_graphs=config.cuda_graphs)
         self._target_core = core
         self.model.weights.clear()  # the core holds its own (fused) copies
         draft_core = None
         if self.draft_model is not None:
             draft_core = self.draft_model.core_model(config.draft_device, config.backend,
-                                                     batch_invariant=config.batch_invariant, int8_activations=int8)
+                                                     batch_invariant=config.batch_invariant, int8_activations=int8,
+                                                     cuda_graphs=config.cuda_graphs)
             self.draft_model.weights.clear()
         release_freed_memory()  # the loaders' temporaries (a GGUF reader's metadata, fused parts)
         if self._group is not None:  # the followers build their shards meanwhile; the engine pings them at once

@@ -115,6 +115,11 @@ def test_batch_invariant_must_be_a_bool():
         EngineConfig(batch_invariant="yes")
 
 
+def test_cuda_graphs_must_be_a_bool():
+    with pytest.raises(ValueError, match="cuda_graphs: must be True or False"):
+        EngineConfig(cuda_graphs=1)
+
+
 # ---- the KV budget: "auto" and explicit, against each device's memory
 
 def test_auto_on_one_gpu_is_its_free_memory_less_the_margin_shared_by_both_caches():

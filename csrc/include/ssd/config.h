@@ -132,6 +132,10 @@ struct EngineConfig {
   /// false: the cuda backend's stock cuBLAS products (faster; greedy sd is
   /// then no longer token-identical to ar). The CPU is always batch-invariant.
   bool batch_invariant = true;
+  /// The cuda backend replays a CUDA graph per forward shape (padded to a
+  /// batch bucket: model/forward_shape.h) rather than launching each kernel;
+  /// the same logits either way. Ignored on the CPU.
+  bool cuda_graphs = true;
   /// The models' backend: "auto" (each device's own kernels) or "aten" (the
   /// reference over ATen ops; on the CPU it stands in for a device: logits
   /// stay in tensors and every round runs the device code path).

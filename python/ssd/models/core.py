@@ -9,14 +9,15 @@ import torch
 
 def build_core_model(config, weights: dict[str, torch.Tensor], device: str = "cpu", backend: str = "auto",
                      batch_invariant: bool = True, formats: dict[str, str] | None = None,
-                     int8_activations: bool = True, tensor_parallel=None):
+                     int8_activations: bool = True, tensor_parallel=None, cuda_graphs: bool = True):
     """Builds the C++ ``ssd._C.Model`` from a ModelConfig and HF-named weights,
     placed on ``device`` ("cpu", "cuda", "cuda:N") with ``backend`` ("auto" or
     "aten"; see ``LoadedModel.core_model``); ``formats`` names the weights
     held as GGUF blocks (``ssd.models.quantized``), multiplied with int8
     activations or (``int8_activations=False``) fp32 ones. ``tensor_parallel``:
     None, or ``(rank, size, all_gather, broadcast)`` to build that rank's shard
-    (``ssd.distributed``).
+    (``ssd.distributed``). ``cuda_graphs``: the cuda backend replays a CUDA
+    graph per padded forward shape (``EngineConfig.cuda_graphs``).
 
     Raises ValueError naming a missing or mis-shaped tensor, or an unusable device.
     """
@@ -24,7 +25,7 @@ def build_core_model(config, weights: dict[str, torch.Tensor], device: str = "cp
 
     return _C.Model(config.to_dict(), weights, device=device, backend=backend, batch_invariant=batch_invariant,
                     formats=formats or {}, int8_activations=int8_activations,
-                    tensor_parallel=tensor_parallel)
+                    tensor_parallel=tensor_parallel, cuda_graphs=cuda_graphs)
 
 
 def sequence_logits(core_model, token_ids: list[int], block_size: int = 16, num_threads: int = 1) -> torch.Tensor:

@@ -51,7 +51,7 @@ class LoadedModel:
         return self.tokenizer
 
     def core_model(self, device: str = "cpu", backend: str = "auto", batch_invariant: bool = True,
-                   int8_activations: bool = True, tensor_parallel=None):
+                   int8_activations: bool = True, tensor_parallel=None, cuda_graphs: bool = True):
         """The C++ model (``ssd._C.Model``) built from these weights, cached per placement.
 
         device: "cpu", "cuda" or "cuda:N". backend: "auto" (the device's own
@@ -61,12 +61,14 @@ class LoadedModel:
         in blocks (``formats``) multiply int8 activations (the default, faster)
         or fp32 ones (exactly the model of the dequantised weights).
         tensor_parallel: None, or ``(rank, size, all_gather, broadcast)``: that rank's
-        shard of a tensor-parallel group (``ssd.distributed``). Raises
+        shard of a tensor-parallel group (``ssd.distributed``). cuda_graphs: the
+        cuda backend replays a CUDA graph per padded forward shape (the same
+        logits; ``EngineConfig.cuda_graphs``). Raises
         ValueError naming a device this build or machine cannot use.
         """
         cores = self.__dict__.setdefault("_cores", {})
         tp_key = None if tensor_parallel is None else (tensor_parallel[0], tensor_parallel[1], id(tensor_parallel[2]))
-        key = (device, backend, bool(batch_invariant), bool(int8_activations), tp_key)
+        key = (device, backend, bool(batch_invariant), bool(int8_activations), tp_key, bool(cuda_graphs))
         core = cores.get(key)
         if core is None:
             from .core import build_core_model
@@ -74,7 +76,8 @@ class LoadedModel:
             self.drop_vocab_padding()
             core = build_core_model(self.config, self.weights, device=device, backend=backend,
                                     batch_invariant=batch_invariant, formats=self.formats,
-                                    int8_activations=int8_activations, tensor_parallel=tensor_parallel)
+                                    int8_activations=int8_activations, tensor_parallel=tensor_parallel,
+                                    cuda_graphs=cuda_graphs)
             cores[key] = core
         return core
 
