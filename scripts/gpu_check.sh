@@ -19,7 +19,8 @@
 #   racecheck     35 s  racecheck over the same
 #   bench         65 s  python -m ssd.bench gpu: 8B-shaped bf16 target (ar against the bandwidth bound);
 #               + left  ar, sd and ssd at batch 1 and 4 on the constructed 8B/1B pair (one timed run
-#                       each); ar at contexts 1K, 4K and 16K against the bound, prefill of a 4K prompt,
+#                       each); ssd at batch 1 with the draft on 25 % and 50 % of the SMs (green
+#                       contexts) against stream priority alone; ar at contexts 1K, 4K and 16K against the bound, prefill of a 4K prompt,
 #                       the share of a decode step outside kernels, each product's GB/s. Its budget is
 #                       65 s plus what the steps before it left of theirs (at most 480 s in all, with
 #                       tensor_parallel's 35 s kept); a long-context measurement estimated to end past
@@ -101,7 +102,7 @@ if [ $CPU -eq 1 ]; then
   skip memcheck "--cpu: compute-sanitizer needs a GPU"
   skip racecheck "--cpu: compute-sanitizer needs a GPU"
   step bench 65 "$PY" -m ssd.bench gpu --device cpu --shapes tiny --max-tokens 24 --repeats 2 --contexts 64 256 \
-      --prefill-tokens 256 --time-budget-s 55 --json "$OUT/bench_gpu.json"
+      --prefill-tokens 256 --draft-sm-shares 0.25 --time-budget-s 55 --json "$OUT/bench_gpu.json"
   step tensor_parallel 35 bash -c "'$PY' -m pytest -q -p no:cacheprovider --collect-only $TP_CUDA | tail -n 1"
 else
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/nvidia-smi.csv" 2>&1
@@ -119,7 +120,7 @@ else
   BENCH=$((480 - 35 - SECONDS))
   [ "$BENCH" -ge 65 ] || BENCH=65
   step bench "$BENCH" "$PY" -m ssd.bench gpu --device cuda --shapes llama --repeats 1 --max-tokens 32 \
-      --time-budget-s $((BENCH - 10)) --json "$OUT/bench_gpu.json"
+      --draft-sm-shares 0.25 0.5 --time-budget-s $((BENCH - 10)) --json "$OUT/bench_gpu.json"
   GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
   if [ "$GPUS" -ge 2 ]; then
     step tensor_parallel 35 "$PY" -m pytest -q -p no:cacheprovider "$TP_CUDA" --junitxml="$OUT/tensor_parallel.xml"

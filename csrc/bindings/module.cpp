@@ -106,6 +106,7 @@ EngineConfig engine_config_fields(const py::dict& d) {
   get(d, "draft_matmul_min_rows", c.draft_matmul_min_rows);
   get(d, "batch_invariant", c.batch_invariant);
   get(d, "cuda_graphs", c.cuda_graphs);
+  get(d, "draft_sm_share", c.draft_sm_share);
   get(d, "backend", c.backend);
   get(d, "kv_cache_dtype", c.kv_cache_dtype);
   get(d, "adaptive", c.adaptive);
@@ -374,9 +375,10 @@ void bind_models(py::module_& m) {
       .def(py::init([](const py::dict& config, const py::dict& weights, const std::string& device,
                        const std::string& backend, bool batch_invariant,
                        const std::map<std::string, std::string>& formats, bool int8_activations,
-                       const py::object& tensor_parallel, bool cuda_graphs) {
-             model::ModelPlacement placement{device, backend,
-                                             model::BackendOptions{batch_invariant, int8_activations, cuda_graphs},
+                       const py::object& tensor_parallel, bool cuda_graphs, double draft_sm_share) {
+             model::ModelPlacement placement{
+                 device, backend,
+                 model::BackendOptions{batch_invariant, int8_activations, cuda_graphs, draft_sm_share},
                                              bindings::tensor_parallel_from(tensor_parallel)};
              model::FormatMap format_map;
              for (const auto& [name, format] : formats) format_map.emplace(name, kernels::quant_type(format));
@@ -386,11 +388,13 @@ void bind_models(py::module_& m) {
            py::arg("config"), py::arg("weights"), py::arg("device") = "cpu", py::arg("backend") = "auto",
            py::arg("batch_invariant") = true, py::arg("formats") = std::map<std::string, std::string>{},
            py::arg("int8_activations") = true, py::arg("tensor_parallel") = py::none(), py::arg("cuda_graphs") = true,
+           py::arg("draft_sm_share") = 0.0,
            "weights: HF name -> tensor; formats: name -> GGUF block format (q8_0, q4_0, q4_1) of the weights "
            "passed as uint8 GGUF rows [n, row bytes]; int8_activations: those matrices multiply int8 "
            "activations (else fp32 ones: exactly the dequantised model); tensor_parallel: None, or (rank, size, "
            "all_gather, broadcast) to hold that rank's shard (model/tensor_parallel.h; ssd.distributed); "
-           "cuda_graphs: the cuda backend replays a CUDA graph per padded forward shape (model/forward_shape.h).")
+           "cuda_graphs: the cuda backend replays a CUDA graph per padded forward shape (model/forward_shape.h); "
+           "draft_sm_share: its draft role's kernels on that share of the SMs (a green context; 0: all).")
       .def("lead", &model::Model::lead, py::arg("on") = true,
            "Rank 0 of a tensor-parallel group: each forward first sends its input to the ranks in follow().")
       .def("follow", &model::Model::follow, py::arg("num_threads") = 1, py::call_guard<py::gil_scoped_release>(),

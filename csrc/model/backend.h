@@ -135,6 +135,12 @@ struct BackendOptions {
   /// per shape and stream role, so a step costs one launch rather than
   /// hundreds. The logits are the same bits either way. Others ignore it.
   bool cuda_graphs = true;
+  /// > 0 (below 1): the cuda backend runs its draft role's kernels on that
+  /// share of the GPU's SMs only, on the stream of a CUDA green context
+  /// (green_stream_cuda.h), instead of on every SM at the lower stream
+  /// priority: the target keeps the rest whatever the draft launches. 0:
+  /// stream priority only. Others ignore it.
+  double draft_sm_share = 0;
 };
 
 /// What Backend::graphed has done so far (the cuda backend; zeros elsewhere).

@@ -45,6 +45,7 @@
 #include "dense_attention.h"
 #include "forward_graphs_cuda.h"
 #include "forward_shape.h"
+#include "green_stream_cuda.h"
 #include "kv_cache.h"
 #include "round_params.h"
 
@@ -63,6 +64,15 @@ constexpr int64_t kMaxGraphsPerRole = 32;
 // tile of queries.
 constexpr int64_t kDenseMinRunTokens = 32;
 
+// The draft role's stream: from the pool at the default priority, or with
+// share > 0 the stream of a green context on that share of the SMs.
+c10::cuda::CUDAStream draft_role_stream(at::Device device, double share) {
+  if (share <= 0) return c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
+  c10::cuda::CUDAGuard guard(device);
+  const GreenStream green = green_stream(device.index(), share, /*priority=*/0);
+  return c10::cuda::getStreamFromExternal(green.stream, device.index());
+}
+
 void check_launch(cudaError_t err, const char* step) {
   if (err != cudaSuccess) throw std::runtime_error(std::string("cuda backend: ") + step + ": " + cudaGetErrorString(err));
 }
@@ -70,12 +80,13 @@ void check_launch(cudaError_t err, const char* step) {
 class CudaBackend final : public AtenBackend {
  public:
   // Two streams per model, one per role (StreamRole): the target's at the
-  // device's highest priority, the draft's at the default one.
+  // device's highest priority, the draft's at the default one, and with
+  // draft_sm_share on a share of the SMs only (a green context's stream).
   CudaBackend(at::Device device, const BackendOptions& options)
       : AtenBackend(device),
         options_(options),
         target_stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index())),
-        draft_stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index())) {}
+        draft_stream_(draft_role_stream(device, options.draft_sm_share)) {}
 
   std::string name() const override { return "cuda"; }
 

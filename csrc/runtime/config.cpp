@@ -225,6 +225,14 @@ void EngineConfig::validate(const TestingConfig& testing) const {
                           "draft needs the target on a GPU (the draft on the CPU, on the target's GPU or on "
                           "another GPU), or both on the CPU");
   }
+  if (!(draft_sm_share >= 0 && draft_sm_share < 1))
+    bad("draft_sm_share", "must be in [0, 1) (0: the draft shares every SM at a lower priority), got " +
+                              std::to_string(draft_sm_share));
+  if (draft_sm_share > 0 && (mode == "ar" || model::canonical_device(draft_device) == "cpu" ||
+                             model::canonical_device(draft_device) != model::canonical_device(target_device)))
+    bad("draft_sm_share", "confines a draft on the target's GPU to a share of its SMs, so it needs mode 'sd' or "
+                          "'ssd' with draft_device = target_device on a GPU (here mode '" + mode +
+                          "', target_device '" + target_device + "', draft_device '" + draft_device + "')");
   threads("target_threads", target_threads);
   threads("draft_threads", draft_threads);
   positive("tensor_parallel_size", tensor_parallel_size);

@@ -102,7 +102,12 @@ class EngineConfig:
     default) lets the CUDA backend pad each forward of up to 512 tokens to a
     batch bucket and replay a CUDA graph captured per bucket shape (one
     launch per step instead of hundreds; the same logits, bit for bit);
-    False launches every kernel. Ignored on the CPU. backend: "auto" (each
+    False launches every kernel. Ignored on the CPU. draft_sm_share: with
+    the draft on the target's GPU (sd, ssd), 0 (the default) runs the draft's
+    kernels on every SM at a lower stream priority than the target's; a value
+    in (0, 1) confines them to that share of the SMs (a CUDA green context,
+    CUDA 12.4+ drivers), so the target keeps the rest (docs/gpu.md). Any other
+    placement with a share > 0 is a ValueError. backend: "auto" (each
     device's own kernels) or "aten" (the reference backend over ATen ops;
     on the CPU it stands in for a device: the target's logits stay in
     tensors and every round runs the device path, which is how that path is
@@ -165,6 +170,7 @@ class EngineConfig:
     draft_matmul_min_rows: int = 4
     batch_invariant: bool = True
     cuda_graphs: bool = True
+    draft_sm_share: float = 0.0
     backend: str = "auto"
     kv_cache_dtype: str = "auto"
     adaptive: bool = True

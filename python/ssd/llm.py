@@ -156,7 +156,8 @@ class LLM:
         if self.draft_model is not None:
             draft_core = self.draft_model.core_model(config.draft_device, config.backend,
                                                      batch_invariant=config.batch_invariant, int8_activations=int8,
-                                                     cuda_graphs=config.cuda_graphs)
+                                                     cuda_graphs=config.cuda_graphs,
+                                                     draft_sm_share=config.draft_sm_share)
             self.draft_model.weights.clear()
         release_freed_memory()  # the loaders' temporaries (a GGUF reader's metadata, fused parts)
         if self._group is not None:  # the followers build their shards meanwhile; the engine pings them at once

@@ -73,7 +73,7 @@ def test_bench_gpu_tiny_reports_every_mode_at_both_batches(tmp_path):
     # What scripts/gpu_check.sh --cpu runs.
     proc = subprocess.run([sys.executable, "-m", "ssd.bench", "gpu", "--device", "cpu", "--shapes", "tiny",
                            "--max-tokens", "24", "--repeats", "2", "--contexts", "64", "256", "--prefill-tokens",
-                           "256", "--time-budget-s", "55", "--json", str(out)],
+                           "256", "--draft-sm-shares", "0.25", "--time-budget-s", "55", "--json", str(out)],
                           capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(out.read_text())
@@ -107,8 +107,40 @@ def test_bench_gpu_tiny_reports_every_mode_at_both_batches(tmp_path):
     assert [(r["context"], r["tok_s"] > 0) for r in result["contexts"]["runs"]] == [(64, True), (256, True)]
     assert result["prefill"]["batch_invariant"]["from"] == "the 256-token context run"
     assert result["outside_kernels"]["fraction"] is None
+    assert result["draft_sm_share"] == {"runs": [], "why": "not measured on cpu: green contexts are a CUDA GPU's"}
     assert result["all_match_ar"] is True and result["errors"] == []
     assert "ssd       4" in proc.stdout and "greedy sd and ssd equal ar: True" in proc.stdout
+
+
+def test_draft_share_runs_against_stream_priority():
+    """gpu_share.compare's rows, with the engine runs stubbed: one ssd batch-1 run per share, its
+    tok/s over the stream-priority ssd run's, and whether its tokens are ar's."""
+    from types import SimpleNamespace
+
+    from ssd.bench import gpu_share
+
+    calls = []
+
+    def run_mode(target, draft, mode, prompts, args, common, **options):
+        calls.append((mode, len(prompts), options))
+        share = options["draft_sm_share"]
+        if share == 0.5:
+            return {"mode": mode, "batch": 1, "error": "ValueError: draft_sm_share: no driver"}
+        return {"mode": mode, "batch": 1, "tok_s": 30.0, "token_ids": [[1, 2] if share == 0.25 else [1, 3]]}
+
+    runs = [{"mode": "ar", "batch": 1, "tok_s": 10.0, "token_ids": [[1, 2]]},
+            {"mode": "ssd", "batch": 1, "tok_s": 20.0, "token_ids": [[1, 2]]},
+            {"mode": "ssd", "batch": 4, "tok_s": 50.0, "token_ids": [[1, 2]] * 4}]
+    args = SimpleNamespace(device="cuda:0", draft_sm_shares=[0.25, 0.5, 0.75])
+    got = gpu_share.compare(run_mode, "t", "d", [7], args, {}, runs)
+    assert calls == [("ssd", 1, {"draft_device": "cuda:0", "draft_sm_share": s}) for s in (0.25, 0.5, 0.75)]
+    assert got["priority_tok_s"] == 20.0
+    rows = {r["draft_sm_share"]: r for r in got["runs"]}
+    assert rows[0.25]["over_priority"] == 1.5 and rows[0.25]["matches_ar"] is True
+    assert rows[0.75]["matches_ar"] is False
+    assert "error" in rows[0.5] and "over_priority" not in rows[0.5]
+    text = gpu_share.format_compare(got)
+    assert "share 0.25: 30.0 tok/s, 1.50x priority's, = ar: True" in text and "share 0.50: error" in text
 
 
 def test_a_refused_mode_is_recorded_and_the_others_run(one_thread, monkeypatch, tmp_path):

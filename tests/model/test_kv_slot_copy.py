@@ -89,9 +89,8 @@ def test_ssd_with_its_draft_on_aten_equals_ar(pair, monkeypatch):
     draft = load(target, dtype=torch.float32)
     built = []
 
-    def aten_core(device="cpu", backend="auto", batch_invariant=True, int8_activations=True, cuda_graphs=True):
-        core = LoadedModel.core_model(draft, device, "aten", batch_invariant, int8_activations,
-                                      cuda_graphs=cuda_graphs)
+    def aten_core(device="cpu", backend="auto", batch_invariant=True, int8_activations=True, **options):
+        core = LoadedModel.core_model(draft, device, "aten", batch_invariant, int8_activations, **options)
         built.append(core.backend)
         return core
 

@@ -115,6 +115,18 @@ def test_batch_invariant_must_be_a_bool():
         EngineConfig(batch_invariant="yes")
 
 
+@pytest.mark.parametrize("share", [-0.1, 1.0, float("nan")])
+def test_draft_sm_share_must_be_a_share(share):
+    with pytest.raises(ValueError, match=r"draft_sm_share: must be"):
+        EngineConfig(mode="ssd", draft_sm_share=share)
+
+
+@pytest.mark.parametrize("placement", [dict(mode="ar"), dict(mode="ssd"), dict(mode="sd", draft_device="cpu")])
+def test_draft_sm_share_needs_the_draft_on_the_targets_gpu(placement):
+    with pytest.raises(ValueError, match="draft_sm_share: confines a draft on the target's GPU"):
+        EngineConfig(draft_sm_share=0.25, **placement)
+
+
 def test_cuda_graphs_must_be_a_bool():
     with pytest.raises(ValueError, match="cuda_graphs: must be True or False"):
         EngineConfig(cuda_graphs=1)
@@ -241,14 +253,14 @@ def test_ssd_on_the_cpu_runs_greedy_as_ar(pair):
         assert [o.token_ids for o in llm.generate(prompts, greedy(16))] == want
 
 
-def _greedy_ssd_equals_ar(pair, target_device, draft_device):
+def _greedy_ssd_equals_ar(pair, target_device, draft_device, **options):
     target, draft = pair
     rng = random.Random(1)
     prompts = [[rng.randrange(256) for _ in range(rng.randrange(1, 30))] for _ in range(8)]
     with LLM(target, max_model_len=256, target_device=target_device, kv_cache_gib=1) as ar:
         want = [o.token_ids for o in ar.generate(prompts, greedy(48))]
     with LLM(target, draft=draft, mode="ssd", adaptive=False, k=3, max_model_len=256, kv_cache_gib=1,
-             target_device=target_device, draft_device=draft_device) as ssd:
+             target_device=target_device, draft_device=draft_device, **options) as ssd:
         got = [o.token_ids for o in ssd.generate(prompts, greedy(48))]
         assert ssd.stats()["rounds"] > 0
     assert got == want
@@ -257,6 +269,12 @@ def _greedy_ssd_equals_ar(pair, target_device, draft_device):
 @pytest.mark.cuda
 def test_ssd_draft_on_the_targets_gpu(pair):
     _greedy_ssd_equals_ar(pair, "cuda:0", "cuda:0")
+
+
+@pytest.mark.cuda
+def test_ssd_draft_on_a_share_of_the_targets_gpu(pair):
+    """The draft's kernels on a green context of a quarter of the SMs."""
+    _greedy_ssd_equals_ar(pair, "cuda:0", "cuda:0", draft_sm_share=0.25)
 
 
 @pytest.mark.cuda

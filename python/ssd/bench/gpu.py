@@ -326,7 +326,7 @@ TABLE_HEADER = (f"{'mode':<5}{'batch':>6}{'tok/s':>10}{'vs ar':>8}{'predicted':>
 def run(args) -> dict:
     import torch
 
-    from . import gpu_context, gpu_pair
+    from . import gpu_context, gpu_pair, gpu_share
 
     dev = args.device
     deadline = gpu_context.Deadline(getattr(args, "started", time.perf_counter()), args.time_budget_s)
@@ -382,6 +382,8 @@ def run(args) -> dict:
             "sd_over_ar": rate["sd"] / rate["ar"] if rate["sd"] and rate["ar"] else None,
             "ssd_over_sd": rate["ssd"] / rate["sd"] if rate["ssd"] and rate["sd"] else None}
     result["runs"] = runs
+    result["draft_sm_share"] = gpu_share.compare(run_mode, target, draft, prompts[0], args, common, runs)
+    print(gpu_share.format_compare(result["draft_sm_share"]), flush=True)
     for batch, s in result["speedup"].items():
         print(f"batch {batch}: sd/ar {_ratio(s['sd_over_ar'])}, ssd/sd {_ratio(s['ssd_over_sd'])}", flush=True)
 
@@ -416,10 +418,12 @@ def run(args) -> dict:
     if dev.startswith("cuda"):  # on the CPU none is measured
         print(gpu_context.format_goals(result["goals"]), flush=True)
     result["errors"] = [f"{r['mode']} batch {r['batch']}: {r['error']}" for r in runs if "error" in r]
+    result["errors"] += [f"ssd draft_sm_share {r['draft_sm_share']}: {r['error']}"
+                         for r in result["draft_sm_share"]["runs"] if "error" in r]
     if "error" in result.get("ar_stock_cublas", {}):
         result["errors"].append(f"ar_stock_cublas batch 1: {result['ar_stock_cublas']['error']}")
     result["errors"] += gpu_context.errors(result)
-    result["all_match_ar"] = all(r.get("matches_ar", True) for r in runs)
+    result["all_match_ar"] = all(r.get("matches_ar", True) for r in runs + result["draft_sm_share"]["runs"])
     print(f"greedy sd and ssd equal ar: {result['all_match_ar']}; failed runs: {len(result['errors'])}", flush=True)
     return result
 
@@ -463,6 +467,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-budget-s", type=float,
                     help="seconds from the start the run should end within: a long-context measurement "
                          "estimated to end past it is skipped and recorded as such (default: no limit)")
+    ap.add_argument("--draft-sm-shares", type=float, nargs="*", default=[],
+                    help="also run ssd at batch 1 with its draft on each of these shares of the GPU's SMs "
+                         "(a green context; EngineConfig.draft_sm_share) against stream priority alone")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     args.started = started

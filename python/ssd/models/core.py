@@ -9,7 +9,8 @@ import torch
 
 def build_core_model(config, weights: dict[str, torch.Tensor], device: str = "cpu", backend: str = "auto",
                      batch_invariant: bool = True, formats: dict[str, str] | None = None,
-                     int8_activations: bool = True, tensor_parallel=None, cuda_graphs: bool = True):
+                     int8_activations: bool = True, tensor_parallel=None, cuda_graphs: bool = True,
+                     draft_sm_share: float = 0.0):
     """Builds the C++ ``ssd._C.Model`` from a ModelConfig and HF-named weights,
     placed on ``device`` ("cpu", "cuda", "cuda:N") with ``backend`` ("auto" or
     "aten"; see ``LoadedModel.core_model``); ``formats`` names the weights
@@ -17,7 +18,8 @@ def build_core_model(config, weights: dict[str, torch.Tensor], device: str = "cp
     activations or (``int8_activations=False``) fp32 ones. ``tensor_parallel``:
     None, or ``(rank, size, all_gather, broadcast)`` to build that rank's shard
     (``ssd.distributed``). ``cuda_graphs``: the cuda backend replays a CUDA
-    graph per padded forward shape (``EngineConfig.cuda_graphs``).
+    graph per padded forward shape (``EngineConfig.cuda_graphs``); ``draft_sm_share``:
+    its draft role's kernels on that share of the SMs (``EngineConfig.draft_sm_share``).
 
     Raises ValueError naming a missing or mis-shaped tensor, or an unusable device.
     """
@@ -25,7 +27,7 @@ def build_core_model(config, weights: dict[str, torch.Tensor], device: str = "cp
 
     return _C.Model(config.to_dict(), weights, device=device, backend=backend, batch_invariant=batch_invariant,
                     formats=formats or {}, int8_activations=int8_activations,
-                    tensor_parallel=tensor_parallel, cuda_graphs=cuda_graphs)
+                    tensor_parallel=tensor_parallel, cuda_graphs=cuda_graphs, draft_sm_share=draft_sm_share)
 
 
 def sequence_logits(core_model, token_ids: list[int], block_size: int = 16, num_threads: int = 1) -> torch.Tensor:

@@ -51,7 +51,8 @@ class LoadedModel:
         return self.tokenizer
 
     def core_model(self, device: str = "cpu", backend: str = "auto", batch_invariant: bool = True,
-                   int8_activations: bool = True, tensor_parallel=None, cuda_graphs: bool = True):
+                   int8_activations: bool = True, tensor_parallel=None, cuda_graphs: bool = True,
+                   draft_sm_share: float = 0.0):
         """The C++ model (``ssd._C.Model``) built from these weights, cached per placement.
 
         device: "cpu", "cuda" or "cuda:N". backend: "auto" (the device's own
@@ -63,12 +64,15 @@ class LoadedModel:
         tensor_parallel: None, or ``(rank, size, all_gather, broadcast)``: that rank's
         shard of a tensor-parallel group (``ssd.distributed``). cuda_graphs: the
         cuda backend replays a CUDA graph per padded forward shape (the same
-        logits; ``EngineConfig.cuda_graphs``). Raises
+        logits; ``EngineConfig.cuda_graphs``). draft_sm_share: the cuda backend
+        runs the draft role's kernels on that share of the SMs
+        (``EngineConfig.draft_sm_share``). Raises
         ValueError naming a device this build or machine cannot use.
         """
         cores = self.__dict__.setdefault("_cores", {})
         tp_key = None if tensor_parallel is None else (tensor_parallel[0], tensor_parallel[1], id(tensor_parallel[2]))
-        key = (device, backend, bool(batch_invariant), bool(int8_activations), tp_key, bool(cuda_graphs))
+        key = (device, backend, bool(batch_invariant), bool(int8_activations), tp_key, bool(cuda_graphs),
+               float(draft_sm_share))
         core = cores.get(key)
         if core is None:
             from .core import build_core_model
@@ -77,7 +81,7 @@ class LoadedModel:
             core = build_core_model(self.config, self.weights, device=device, backend=backend,
                                     batch_invariant=batch_invariant, formats=self.formats,
                                     int8_activations=int8_activations, tensor_parallel=tensor_parallel,
-                                    cuda_graphs=cuda_graphs)
+                                    cuda_graphs=cuda_graphs, draft_sm_share=draft_sm_share)
             cores[key] = core
         return core
 
