@@ -133,7 +133,8 @@ struct BackendOptions {
   /// The cuda backend pads each forward of at most kMaxBucketTokens tokens
   /// to its bucket shape (forward_shape.h) and replays a CUDA graph captured
   /// per shape and stream role, so a step costs one launch rather than
-  /// hundreds. The logits are the same bits either way. Others ignore it.
+  /// hundreds. With batch_invariant the logits are the same bits either way.
+  /// Others ignore it.
   bool cuda_graphs = true;
   /// > 0 (below 1): the cuda backend runs its draft role's kernels on that
   /// share of the GPU's SMs only, on the stream of a CUDA green context

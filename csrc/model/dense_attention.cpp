@@ -33,10 +33,15 @@ at::Tensor dense_attention(const at::Tensor& q, const at::Tensor& k_cache, const
                            const std::vector<PrefillRun>& runs, const ForwardInput& in, float scale, int64_t window,
                            at::ScalarType compute) {
   const int64_t hq = q.size(1), d = q.size(2), hkv = k_cache.size(2), bs = k_cache.size(1);
-  // Every run's key slots, one host array and one copy.
+  // A run's keys: from the first its first query sees (a sliding window's
+  // earlier blocks may be gone) to its last query. Every run's key slots,
+  // one host array and one copy.
+  const auto first_key = [&](const PrefillRun& r) {
+    return window > 0 ? std::max<int64_t>(0, r.first_position + 1 - window) : int64_t{0};
+  };
   std::vector<int64_t> slots;
   for (const PrefillRun& r : runs)
-    for (int64_t j = 0; j < r.first_position + r.tokens; ++j)
+    for (int64_t j = first_key(r); j < r.first_position + r.tokens; ++j)
       slots.push_back(int64_t{in.block_tables[r.seq * in.max_blocks + j / bs]} * bs + j % bs);
   const bool cpu = q.device().is_cpu();
   const at::Tensor host = at::tensor(slots, at::TensorOptions().dtype(at::kLong));
@@ -44,26 +49,27 @@ at::Tensor dense_attention(const at::Tensor& q, const at::Tensor& k_cache, const
   const at::Tensor keys = k_cache.view({-1, hkv, d}).index_select(0, slot_index).to(compute);  // [sum keys, Hkv, d]
   const at::Tensor values = v_cache.view({-1, hkv, d}).index_select(0, slot_index).to(compute);
   at::Tensor out = at::empty({q.size(0), hq * d}, q.options().dtype(at::kFloat));
-  int64_t first_key = 0;
+  int64_t offset = 0;  // the run's first key row in keys / values
   for (const PrefillRun& r : runs) {
-    const int64_t n = r.tokens, keys_n = r.first_position + n;
+    const int64_t n = r.tokens, k0 = first_key(r), keys_n = r.first_position + n - k0;
     // [1, H, len, d]; the kv heads repeated to the query heads (GQA)
     const auto heads = [&](const at::Tensor& x) {
-      return x.narrow(0, first_key, keys_n).repeat_interleave(hq / hkv, 1).transpose(0, 1).unsqueeze(0);
+      return x.narrow(0, offset, keys_n).repeat_interleave(hq / hkv, 1).transpose(0, 1).unsqueeze(0);
     };
     const at::Tensor qr = q.narrow(0, r.row, n).to(compute).transpose(0, 1).unsqueeze(0);
     at::Tensor o;
     if (r.first_position == 0 && window <= 0) {
       o = at::scaled_dot_product_attention(qr, heads(keys), heads(values), {}, 0.0, /*is_causal=*/true, scale);
     } else {  // query i at position p0 + i sees keys j <= p0 + i (and, in a window, j > p0 + i - window)
-      const at::Tensor qpos = at::arange(r.first_position, keys_n, q.options().dtype(at::kLong)).unsqueeze(1);
-      const at::Tensor kpos = at::arange(keys_n, q.options().dtype(at::kLong)).unsqueeze(0);
+      const at::Tensor qpos =
+          at::arange(r.first_position, r.first_position + n, q.options().dtype(at::kLong)).unsqueeze(1);
+      const at::Tensor kpos = at::arange(k0, k0 + keys_n, q.options().dtype(at::kLong)).unsqueeze(0);
       at::Tensor mask = kpos.le(qpos);
       if (window > 0) mask = mask.logical_and(kpos.gt(qpos - window));
       o = at::scaled_dot_product_attention(qr, heads(keys), heads(values), mask, 0.0, false, scale);
     }
     out.narrow(0, r.row, n).copy_(o.squeeze(0).transpose(0, 1).reshape({n, hq * d}));
-    first_key += keys_n;
+    offset += keys_n;
   }
   return out;
 }

@@ -16,9 +16,11 @@ at::Tensor ForwardGraphs::run(int64_t cache_id, const ForwardShape& shape, const
   const Key key{cache_id, shape};
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
-    if (warmed_.insert(key).second) {
+    if (warmed_.count(key) == 0) {  // marked once it has run: a warm-up that throws is no warm-up
       const at::Tensor packed = packed_indices(in, /*pinned=*/true).to(device, at::kInt, /*non_blocking=*/true);
-      return forward(batch_views(in, packed));
+      at::Tensor logits = forward(batch_views(in, packed));
+      warmed_.insert(key);
+      return logits;
     }
     if (static_cast<int64_t>(graphs_.size()) >= max_graphs_) evict_one(stream);
     it = graphs_.emplace(key, capture(in, forward, device)).first;

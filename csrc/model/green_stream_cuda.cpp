@@ -20,15 +20,34 @@ std::invalid_argument refused(const std::string& why) {
   return std::invalid_argument("draft_sm_share: " + why);
 }
 
-// The driver function `name` as of CUDA 12.4 (green contexts' first version).
+// The driver function `name` in the version of the headers this file was
+// built with (their struct layouts are what it passes; cuGreenCtxStreamCreate
+// first came with CUDA 12.5).
 template <typename Fn>
 Fn driver_entry(const char* name) {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion(name, &fn, 12040, cudaEnableDefault, &status) != cudaSuccess ||
+  if (cudaGetDriverEntryPointByVersion(name, &fn, CUDA_VERSION, cudaEnableDefault, &status) != cudaSuccess ||
       status != cudaDriverEntryPointSuccess || fn == nullptr)
-    throw refused(std::string("this CUDA driver has no ") + name + " (green contexts need a CUDA 12.4 or later driver)");
+    throw refused(std::string("this CUDA driver has no ") + name + " of CUDA " + std::to_string(CUDA_VERSION) +
+                  " (green contexts need a driver of CUDA 12.5 or later; this build's headers are " +
+                  std::to_string(CUDA_VERSION) + "'s)");
   return reinterpret_cast<Fn>(fn);
+}
+
+// The backend orders its role streams with the caller's through events made
+// in the primary context: refused here, not wrong later, where the driver
+// will not record one on the green context's stream or make it wait.
+void check_events(cudaStream_t green) {
+  cudaEvent_t e = nullptr;
+  cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+  if (err == cudaSuccess) err = cudaEventRecord(e, green);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(green, e, 0);
+  if (err == cudaSuccess) err = cudaEventSynchronize(e);
+  if (e != nullptr) (void)cudaEventDestroy(e);
+  if (err != cudaSuccess)
+    throw refused(std::string("events between the green context's stream and the device's fail here: ") +
+                  cudaGetErrorString(err));
 }
 
 void check(CUresult r, const char* call) {
@@ -67,6 +86,7 @@ GreenStream make(int device, double share, int priority) {
   check(create(&ctx, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM), "cuGreenCtxCreate");
   CUstream stream;
   check(stream_create(&stream, ctx, CU_STREAM_NON_BLOCKING, priority), "cuGreenCtxStreamCreate");
+  check_events(stream);
   return {stream, static_cast<int>(part.sm.smCount), static_cast<int>(total)};
 }
 

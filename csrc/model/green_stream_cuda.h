@@ -1,5 +1,5 @@
 // A CUDA stream whose kernels run on a share of a GPU's SMs only: a stream of
-// a CUDA green context (drivers of CUDA 12.4 and later), for the draft role
+// a CUDA green context (drivers of CUDA 12.5 and later), for the draft role
 // of a model sharing the target's GPU (BackendOptions::draft_sm_share). The
 // driver's entry points are looked up at run time
 // (cudaGetDriverEntryPointByVersion), so the build does not link libcuda.

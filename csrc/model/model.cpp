@@ -349,8 +349,11 @@ at::Tensor Model::forward_bucketed(const ForwardInput& in, KvCache& cache, kerne
   const Backend& be = *backend_;
   const auto scope = be.forward_scope();
   StepContext ctx{pool, padded.matmul_min_rows};
+  // Where the backend captures none, the padded forward runs as it is.
   const at::Tensor logits =
-      be.graphed(cache.id(), *shape, padded, [&](const DeviceBatch& b) { return layers(b, cache, ctx); });
+      be.captures_forwards(config_.head_dim)
+          ? be.graphed(cache.id(), *shape, padded, [&](const DeviceBatch& b) { return layers(b, cache, ctx); })
+          : layers(be.upload(padded), cache, ctx);
   return logits.narrow(0, 0, static_cast<int64_t>(in.logit_rows.size()));
 }
 

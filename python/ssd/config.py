@@ -101,12 +101,13 @@ class EngineConfig:
     bf16 dense attention (flash attention), faster and not token-identical. The CPU is always invariant. cuda_graphs: True (the
     default) lets the CUDA backend pad each forward of up to 512 tokens to a
     batch bucket and replay a CUDA graph captured per bucket shape (one
-    launch per step instead of hundreds; the same logits, bit for bit);
+    launch per step instead of hundreds; with batch_invariant the same
+    logits, bit for bit);
     False launches every kernel. Ignored on the CPU. draft_sm_share: with
     the draft on the target's GPU (sd, ssd), 0 (the default) runs the draft's
     kernels on every SM at a lower stream priority than the target's; a value
     in (0, 1) confines them to that share of the SMs (a CUDA green context,
-    CUDA 12.4+ drivers), so the target keeps the rest (docs/gpu.md). Any other
+    CUDA 12.5+ drivers), so the target keeps the rest (docs/gpu.md). Any other
     placement with a share > 0 is a ValueError. backend: "auto" (each
     device's own kernels) or "aten" (the reference backend over ATen ops;
     on the CPU it stands in for a device: the target's logits stay in

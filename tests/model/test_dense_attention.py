@@ -53,6 +53,16 @@ def test_equals_the_reference(case, window):
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
+def test_a_window_reads_no_block_below_it():
+    """A chunk at 40 with a window of 7 sees keys 34..: blocks wholly below that may be gone (-1)."""
+    k, v = cache()
+    q, tables, seqs, pos = batch([(1, 40, 23)])
+    tables[1, :8] = -1  # positions 0..31
+    got = _C.testing.dense_attention(q, k, v, tables, seqs, pos, SCALE, window=7)
+    want = paged_attention_ref(q, k, v, tables, seqs, pos, SCALE, 7).reshape(q.shape[0], -1)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
 def test_bf16_compute_within_its_tolerance():
     k, v = cache(dtype=torch.bfloat16)
     q, tables, seqs, pos = batch(CASES["a chunk after 40 cached keys, beside a prefill"])

@@ -134,12 +134,12 @@ struct EngineConfig {
   bool batch_invariant = true;
   /// The cuda backend replays a CUDA graph per forward shape (padded to a
   /// batch bucket: model/forward_shape.h) rather than launching each kernel;
-  /// the same logits either way. Ignored on the CPU.
+  /// with batch_invariant the same logits either way. Ignored on the CPU.
   bool cuda_graphs = true;
   /// sd / ssd with the draft on the target's GPU: 0 (the default) runs the
   /// draft's kernels on every SM at a lower stream priority than the
   /// target's; in (0, 1) confines them to that share of the SMs (a CUDA green
-  /// context; CUDA 12.4+ drivers). Refused for any other placement.
+  /// context; CUDA 12.5+ drivers). Refused for any other placement.
   double draft_sm_share = 0;
   /// The models' backend: "auto" (each device's own kernels) or "aten" (the
   /// reference over ATen ops; on the CPU it stands in for a device: logits
