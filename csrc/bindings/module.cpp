@@ -420,9 +420,10 @@ void bind_models(py::module_& m) {
           [](const model::Model& m) {
             const model::GraphCounts c = m.backend().graph_counts();
             return py::dict(py::arg("captured") = c.captured, py::arg("replayed") = c.replayed,
-                            py::arg("evicted") = c.evicted);
+                            py::arg("evicted") = c.evicted, py::arg("failed") = c.failed);
           },
-          "The CUDA graphs of this model's forwards: {captured, replayed, evicted} (zeros off the cuda backend).");
+          "The CUDA graphs of this model's forwards: {captured, replayed, evicted, failed} (zeros off the cuda "
+          "backend).");
   m.def("available_backends", &model::available_backends,
         "The model backends this build can run here: 'cpu', 'aten' and, with CUDA, 'cuda'.");
   m.def("device_problem", &model::device_problem, py::arg("device"),

@@ -96,6 +96,17 @@ py::object padded_forward(const std::vector<int32_t>& tokens, const std::vector<
                   py::arg("prefix_len") = p.prefix_len, py::arg("key_bound") = p.key_bound);
 }
 
+// graph_worthy (forward_shape.h) of a batch at its bucket shape, or None
+// where it has none.
+py::object graph_worthy(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions,
+                        const std::vector<int32_t>& seq_of_token, const std::vector<std::vector<int32_t>>& block_tables,
+                        const std::vector<int32_t>& logit_rows, int64_t key_bound, int64_t num_heads, int64_t head_dim) {
+  const model::ForwardInput in = input_of(tokens, positions, seq_of_token, block_tables, logit_rows, {}, {});
+  const std::optional<model::ForwardShape> shape = model::forward_shape(in);
+  if (!shape) return py::none();
+  return py::bool_(model::graph_worthy(in, *shape, key_bound, num_heads, head_dim));
+}
+
 // dense_attention over hand-built tensors (int32 block_tables [seqs, width],
 // seq_of_token and positions [T] on the host), or None where prefill_runs
 // does not take the batch.
@@ -143,6 +154,11 @@ void bind_testing_forward(py::module_& m) {
         py::arg("prefix_len") = std::vector<int32_t>{}, py::arg("key_bound") = 0,
         "The batch padded to its bucket shape (model/forward_shape.h): a dict of its arrays (block_tables as "
         "rows), or None past the largest bucket.");
+  m.def("graph_worthy", &graph_worthy, py::arg("tokens"), py::arg("positions"), py::arg("seq_of_token"),
+        py::arg("block_tables"), py::arg("logit_rows"), py::arg("key_bound"), py::arg("num_heads"),
+        py::arg("head_dim"),
+        "Whether the cuda backend captures the batch at its bucket shape (model/forward_shape.h graph_worthy), or "
+        "None past the largest bucket.");
 }
 
 }  // namespace ssd

@@ -149,6 +149,7 @@ struct GraphCounts {
   int64_t captured = 0;  ///< graphs captured (one per shape and role, again after an eviction)
   int64_t replayed = 0;  ///< forwards run as a graph's replay
   int64_t evicted = 0;   ///< graphs dropped to stay within the backend's limit
+  int64_t failed = 0;    ///< captures that failed: their shapes are launched as they are from then on
 };
 
 class Backend {
@@ -215,13 +216,14 @@ class Backend {
   /// inside forward_scope: the cuda backend replays a graph captured per
   /// shape, stream role and KV cache (KvCache::id; the graph holds its addresses) (its first forward of a shape runs as it is, as
   /// the warm-up), `in`'s index arrays copied into the graph's own device
-  /// buffers; the logits returned are the caller's own, not the graph's.
-  /// Elsewhere the padded forward runs as it is.
-  virtual at::Tensor graphed(int64_t cache_id, const ForwardShape& shape, const ForwardInput& in,
+  /// buffers; the logits returned (the first `rows` of run's, the real
+  /// forward's) are the caller's own, not the graph's. Elsewhere the padded
+  /// forward runs as it is.
+  virtual at::Tensor graphed(int64_t cache_id, const ForwardShape& shape, const ForwardInput& in, int64_t rows,
                              const std::function<at::Tensor(const DeviceBatch&)>& run) const {
     (void)cache_id;
     (void)shape;
-    return run(upload(in));
+    return run(upload(in)).narrow(0, 0, rows);
   }
   virtual GraphCounts graph_counts() const { return {}; }
   /// [T, h] fp32 rows of the embedding table.

@@ -161,16 +161,16 @@ class CudaBackend final : public AtenBackend {
   }
 
   // The graphs of the calling thread's role (forward_scope made its stream current).
-  at::Tensor graphed(int64_t cache_id, const ForwardShape& shape, const ForwardInput& in,
+  at::Tensor graphed(int64_t cache_id, const ForwardShape& shape, const ForwardInput& in, int64_t rows,
                      const std::function<at::Tensor(const DeviceBatch&)>& run) const override {
     const c10::cuda::CUDAStream current = role_stream(c10::cuda::getCurrentCUDAStream(device_.index()));
     ForwardGraphs& graphs = current == target_stream_ ? *target_graphs_ : *draft_graphs_;
-    return graphs.run(cache_id, shape, in, run, device_, current);
+    return graphs.run(cache_id, shape, in, rows, run, device_, current);
   }
 
   GraphCounts graph_counts() const override {
     const GraphCounts t = target_graphs_->counts(), d = draft_graphs_->counts();
-    return {t.captured + d.captured, t.replayed + d.replayed, t.evicted + d.evicted};
+    return {t.captured + d.captured, t.replayed + d.replayed, t.evicted + d.evicted, t.failed + d.failed};
   }
 
   // ---- the round's steps: the kernels/cuda twins, on the model's stream.

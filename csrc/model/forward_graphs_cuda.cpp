@@ -2,28 +2,48 @@
 
 #ifdef SSD_WITH_CUDA
 
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/util/Exception.h>
+
 #include <algorithm>
 #include <utility>
 
 namespace ssd::model {
 
-at::Tensor ForwardGraphs::run(int64_t cache_id, const ForwardShape& shape, const ForwardInput& in,
+at::Tensor ForwardGraphs::run(int64_t cache_id, const ForwardShape& shape, const ForwardInput& in, int64_t rows,
                               const std::function<at::Tensor(const DeviceBatch&)>& forward, at::Device device,
                               c10::cuda::CUDAStream stream) {
   // One caller at a time per role (a role is one thread's in the engine;
   // the lock makes a second one wait rather than interleave captures).
   std::lock_guard<std::mutex> lock(mutex_);
   const Key key{cache_id, shape};
+  const auto launched = [&] {
+    const at::Tensor packed = packed_indices(in, /*pinned=*/true).to(device, at::kInt, /*non_blocking=*/true);
+    return forward(batch_views(in, packed)).narrow(0, 0, rows);
+  };
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
+    if (failed_.count(key) != 0) return launched();
     if (warmed_.count(key) == 0) {  // marked once it has run: a warm-up that throws is no warm-up
-      const at::Tensor packed = packed_indices(in, /*pinned=*/true).to(device, at::kInt, /*non_blocking=*/true);
-      at::Tensor logits = forward(batch_views(in, packed));
+      at::Tensor logits = launched();
       warmed_.insert(key);
       return logits;
     }
     if (static_cast<int64_t>(graphs_.size()) >= max_graphs_) evict_one(stream);
-    it = graphs_.emplace(key, capture(in, forward, device)).first;
+    std::unique_ptr<Graph> g;
+    try {
+      g = capture(in, forward, device);
+    } catch (const std::exception& e) {
+      failed_.insert(key);
+      ++counts_.failed;
+      // A pool whose only graph was this one may be released with it: the next capture makes its own.
+      if (graphs_.empty()) have_pool_ = false;
+      TORCH_WARN("CUDA graph capture of a ", shape.tokens, "-token forward failed; its shape runs without a graph: ",
+                 e.what());
+      return launched();
+    }
+    it = graphs_.emplace(key, std::move(g)).first;
     ++counts_.captured;
   } else {
     // The arrays of this forward into the graph's buffer, stream-ordered
@@ -34,7 +54,7 @@ at::Tensor ForwardGraphs::run(int64_t cache_id, const ForwardShape& shape, const
   g.last_use = ++clock_;
   g.graph.replay();
   ++counts_.replayed;
-  return g.logits.clone();
+  return g.logits.narrow(0, 0, rows).clone();
 }
 
 std::unique_ptr<ForwardGraphs::Graph> ForwardGraphs::capture(
@@ -48,20 +68,36 @@ std::unique_ptr<ForwardGraphs::Graph> ForwardGraphs::capture(
     pool_ = at::cuda::graph_pool_handle();
     have_pool_ = true;
   }
+  // cuBLAS's handles and this stream's workspace, made outside the capture
+  // (a thread's first product would otherwise create them inside it).
+  at::cuda::getCurrentCUDABlasHandle();
+  at::cuda::getCurrentCUDABlasLtHandle();
   // Thread-local: the other role's thread keeps launching (and allocating)
   // on its own stream while this one captures.
   g->graph.capture_begin(pool_, cudaStreamCaptureModeThreadLocal);
   at::Tensor logits;
   try {
     logits = forward(g->batch);
+    g->graph.capture_end();
   } catch (...) {
-    try {
-      g->graph.capture_end();  // ends the stream's capture; the graph is dropped with g
-    } catch (...) {
+    // End the capture if the forward left it open (the graph is dropped with
+    // g). A failed cudaStreamEndCapture leaves the allocator routing this
+    // stream's blocks to the pool, and the runtime's last error set: both undone.
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(device.index()), &status) == cudaSuccess &&
+        status != cudaStreamCaptureStatusNone) {
+      try {
+        g->graph.capture_end();
+      } catch (...) {
+      }
     }
+    try {
+      c10::cuda::CUDACachingAllocator::endAllocateToPool(device.index(), pool_);
+    } catch (...) {  // capture_end got as far as that
+    }
+    (void)cudaGetLastError();
     throw;
   }
-  g->graph.capture_end();
   // A view that does not own the output: its block goes back to the role's
   // pool, where a later capture may reuse it, as it reuses every block this
   // capture freed. That is safe because replays of the role's graphs run
@@ -79,6 +115,7 @@ void ForwardGraphs::evict_one(c10::cuda::CUDAStream stream) {
   stream.synchronize();  // no replay of it still queued
   warmed_.erase(oldest->first);
   graphs_.erase(oldest);
+  if (graphs_.empty()) have_pool_ = false;  // the pool goes with its last graph
   ++counts_.evicted;
 }
 

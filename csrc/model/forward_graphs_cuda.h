@@ -35,8 +35,10 @@ class ForwardGraphs {
   /// Backend::graphed on `stream` (the calling thread's current stream, the
   /// role's): the first forward of a shape runs as it is (the warm-up that
   /// initialises cuBLAS and the kernels' modules), the second is captured
-  /// and replayed, later ones replayed. Returns a copy of the graph's logits.
-  at::Tensor run(int64_t cache_id, const ForwardShape& shape, const ForwardInput& in,
+  /// and replayed, later ones replayed. Returns a copy of the first `rows`
+  /// of the graph's logits. A capture that fails (a warning says why) is
+  /// counted, its forward and every later one of its key run as they are.
+  at::Tensor run(int64_t cache_id, const ForwardShape& shape, const ForwardInput& in, int64_t rows,
                  const std::function<at::Tensor(const DeviceBatch&)>& forward, at::Device device,
                  c10::cuda::CUDAStream stream);
 
@@ -71,6 +73,7 @@ class ForwardGraphs {
   };
   std::unordered_map<Key, std::unique_ptr<Graph>, KeyHash> graphs_;
   std::unordered_set<Key, KeyHash> warmed_;  ///< keys whose first forward ran as it is
+  std::unordered_set<Key, KeyHash> failed_;  ///< keys whose capture failed: never captured again
   bool have_pool_ = false;
   at::cuda::MempoolId_t pool_{0, 0};
   uint64_t clock_ = 0;

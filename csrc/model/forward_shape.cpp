@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <vector>
+
+#include "../kernels/key_splits.h"
 
 namespace ssd::model {
 
@@ -64,6 +67,16 @@ ForwardInput padded_input(const ForwardInput& in, const ForwardShape& shape, int
   p.matmul_min_rows = in.matmul_min_rows;
   p.key_bound = key_bound > 0 ? key_bound : in.key_bound;
   return p;
+}
+
+bool graph_worthy(const ForwardInput& in, const ForwardShape& shape, int64_t key_bound, int64_t num_heads,
+                  int64_t head_dim) {
+  const int64_t seqs = in.max_blocks > 0 ? static_cast<int64_t>(in.block_tables.size()) / in.max_blocks : 0;
+  std::vector<int64_t> run(static_cast<size_t>(seqs), 0);  // tokens of each table row (Model::check: rows < seqs)
+  for (const int32_t s : in.seq_of_token)
+    if (s >= 0 && s < seqs && ++run[static_cast<size_t>(s)] > kMaxGraphedRun) return false;
+  const int64_t splits = kernels::max_key_splits_below(key_bound, /*window=*/0);
+  return splits <= 1 || shape.tokens * splits * num_heads * head_dim * int64_t{4} <= kMaxGraphSplitBytes;
 }
 
 }  // namespace ssd::model

@@ -21,6 +21,17 @@ namespace ssd::model {
 /// without a graph (their launches are few against their work).
 constexpr int64_t kMaxBucketTokens = 512;
 
+/// The longest run of one table row's tokens in a forward the cuda backend
+/// captures. Longer runs are prompt chunks: their launches are few against
+/// their work, and their shapes change from prompt to prompt, so their graphs
+/// would push the decode, verify and tree graphs out of a role's few.
+constexpr int64_t kMaxGraphedRun = 64;
+
+/// The most bytes a captured forward's attention split workspace may take
+/// (graph_worthy): the role's memory pool keeps what its largest graph needs
+/// for the process's life.
+constexpr int64_t kMaxGraphSplitBytes = int64_t{256} << 20;
+
 /// A forward's padded shape: what a captured graph is keyed by.
 struct ForwardShape {
   int64_t tokens = 0;      ///< T rows (tokens, positions, seq_of_token, and the forks' arrays)
@@ -67,5 +78,14 @@ std::optional<ForwardShape> forward_shape(const ForwardInput& in);
 /// positions sizes its attention by). std::invalid_argument when `shape`
 /// is smaller than `in`.
 ForwardInput padded_input(const ForwardInput& in, const ForwardShape& shape, int64_t key_bound);
+
+/// Whether the cuda backend captures `in` padded to `shape` (forward_shape's)
+/// rather than launching it as it is: no table row has more than
+/// kMaxGraphedRun of its tokens, and the attention's split workspace at
+/// `key_bound` (shape.tokens x key splits below key_bound, no window, x
+/// num_heads x head_dim fp32 partials; none with one split) is at most
+/// kMaxGraphSplitBytes.
+bool graph_worthy(const ForwardInput& in, const ForwardShape& shape, int64_t key_bound, int64_t num_heads,
+                  int64_t head_dim);
 
 }  // namespace ssd::model

@@ -72,10 +72,15 @@ GreenStream make(int device, double share, int priority) {
   CUdevResource all{};
   check(get_resource(dev, &all, CU_DEV_RESOURCE_TYPE_SM), "cuDeviceGetDevResource");
   const unsigned total = all.sm.smCount;
-  const unsigned want = std::max(all.sm.minSmPartitionSize, static_cast<unsigned>(std::ceil(share * total)));
+  // The driver rounds a partition up to a multiple of smCoscheduledAlignment:
+  // the count it will make is checked, not the one asked for.
+  const unsigned align = std::max(1u, all.sm.smCoscheduledAlignment);
+  const unsigned asked = std::max(all.sm.minSmPartitionSize, static_cast<unsigned>(std::ceil(share * total)));
+  const unsigned want = (asked + align - 1) / align * align;
   if (want >= total)
     throw refused(std::to_string(share) + " of " + std::to_string(total) + " SMs leaves the target none of its own " +
-                  "(the least partition is " + std::to_string(all.sm.minSmPartitionSize) + " SMs)");
+                  "(the least partition is " + std::to_string(all.sm.minSmPartitionSize) + " SMs, and partitions come in " +
+                  "multiples of " + std::to_string(align) + ")");
   CUdevResource part{}, rest{};
   unsigned groups = 1;
   check(split(&part, &groups, &all, &rest, 0, want), "cuDevSmResourceSplitByCount");

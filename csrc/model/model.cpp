@@ -345,16 +345,20 @@ at::Tensor Model::forward_bucketed(const ForwardInput& in, KvCache& cache, kerne
   const std::optional<ForwardShape> shape = forward_shape(in);
   if (!shape) return unpadded(in, cache, pool);  // no tokens, or a prefill past the largest bucket
   // The keys every forward of this shape can address: the table's width in blocks.
-  const ForwardInput padded = padded_input(in, *shape, shape->max_blocks * cache.block_size());
+  const int64_t key_bound = shape->max_blocks * cache.block_size();
   const Backend& be = *backend_;
+  const bool captures = be.captures_forwards(config_.head_dim);
+  // A prompt chunk, or a graph whose split workspace would hold too much: launched as it is.
+  if (captures && !graph_worthy(in, *shape, key_bound, config_.num_heads, config_.head_dim))
+    return unpadded(in, cache, pool);
+  const ForwardInput padded = padded_input(in, *shape, key_bound);
   const auto scope = be.forward_scope();
   StepContext ctx{pool, padded.matmul_min_rows};
+  const auto rows = static_cast<int64_t>(in.logit_rows.size());
   // Where the backend captures none, the padded forward runs as it is.
-  const at::Tensor logits =
-      be.captures_forwards(config_.head_dim)
-          ? be.graphed(cache.id(), *shape, padded, [&](const DeviceBatch& b) { return layers(b, cache, ctx); })
-          : layers(be.upload(padded), cache, ctx);
-  return logits.narrow(0, 0, static_cast<int64_t>(in.logit_rows.size()));
+  return captures ? be.graphed(cache.id(), *shape, padded, rows,
+                               [&](const DeviceBatch& b) { return layers(b, cache, ctx); })
+                  : layers(be.upload(padded), cache, ctx).narrow(0, 0, rows);
 }
 
 at::Tensor Model::unpadded(const ForwardInput& in, KvCache& cache, kernels::ThreadPool& pool) const {

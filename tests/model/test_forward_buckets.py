@@ -64,6 +64,36 @@ def test_past_the_largest_bucket_there_is_no_shape():
     assert _C.testing.padded_forward([1] * 513, [0] * 513, [0] * 513, [[0]], [0]) is None
 
 
+def _batch(runs, key_bound):
+    """Sequences extending by runs[i] tokens each, at positions just below key_bound, tables as wide as it."""
+    toks, pos, seqs = [], [], []
+    for s, n in enumerate(runs):
+        toks += [1] * n
+        pos += range(key_bound - n, key_bound)
+        seqs += [s] * n
+    width = key_bound // BS
+    return toks, pos, seqs, [[0] * width] * len(runs), list(range(len(toks)))
+
+
+def test_graph_worthy_takes_steps_and_leaves_prompt_chunks():
+    # runs of up to 64 tokens of one sequence (decode, verify, tree, short prompts) are captured ...
+    assert _C.testing.graph_worthy(*_batch([1, 1, 1, 1], 32), key_bound=32, num_heads=4, head_dim=64) is True
+    assert _C.testing.graph_worthy(*_batch([64, 3], 512), key_bound=512, num_heads=4, head_dim=64) is True
+    # ... a 65th token of one sequence makes it a prompt chunk, launched as it is
+    assert _C.testing.graph_worthy(*_batch([65, 3], 512), key_bound=512, num_heads=4, head_dim=64) is False
+    assert _C.testing.graph_worthy(*_batch([1] * 513, 512), key_bound=512, num_heads=4, head_dim=64) is None
+
+
+def test_graph_worthy_bounds_the_split_workspace():
+    # 256 tokens at key_bound 32768 (128 splits of 256 keys), head_dim 128, fp32 partials:
+    # 256 * 128 * heads * 128 * 4 bytes = heads * 16 MiB, at most 256 MiB
+    batch = _batch([64] * 4, 32768)
+    assert _C.testing.graph_worthy(*batch, key_bound=32768, num_heads=16, head_dim=128) is True  # 256 MiB
+    assert _C.testing.graph_worthy(*batch, key_bound=32768, num_heads=32, head_dim=128) is False  # 512 MiB
+    # one split (key_bound 256) has no workspace at all
+    assert _C.testing.graph_worthy(*_batch([64] * 4, 256), key_bound=256, num_heads=4096, head_dim=128) is True
+
+
 def steps(seed):
     """A prefill of three sequences, two decode steps, a verify step and a forked tree step:
     (tokens, positions, seq_of_token, tables, logit_rows, forks) each, forks (prefix_seq, prefix_len) or None."""
@@ -140,4 +170,5 @@ def test_cuda_graph_replays_equal_kernel_launches(tiny_loaded):
     # decode: 1 capture, 3 replays; the verify and tree shapes: 1 capture and 1 replay each
     assert after["captured"] - before["captured"] == 3
     assert after["replayed"] - before["replayed"] == 5
-    assert launched.graph_counts() == {"captured": 0, "replayed": 0, "evicted": 0}
+    assert after["failed"] == before["failed"]  # no capture fell back to launches
+    assert launched.graph_counts() == {"captured": 0, "replayed": 0, "evicted": 0, "failed": 0}
