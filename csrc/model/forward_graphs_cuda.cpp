@@ -37,8 +37,6 @@ at::Tensor ForwardGraphs::run(int64_t cache_id, const ForwardShape& shape, const
     } catch (const std::exception& e) {
       failed_.insert(key);
       ++counts_.failed;
-      // A pool whose only graph was this one may be released with it: the next capture makes its own.
-      if (graphs_.empty()) have_pool_ = false;
       TORCH_WARN("CUDA graph capture of a ", shape.tokens, "-token forward failed; its shape runs without a graph: ",
                  e.what());
       return launched();
@@ -64,10 +62,9 @@ std::unique_ptr<ForwardGraphs::Graph> ForwardGraphs::capture(
   // Outside the capture: the buffer a replay reads, holding this forward's arrays.
   g->indices = packed_indices(in, /*pinned=*/true).to(device, at::kInt, /*non_blocking=*/true);
   g->batch = batch_views(g->host, g->indices);
-  if (!have_pool_) {
-    pool_ = at::cuda::graph_pool_handle();
-    have_pool_ = true;
-  }
+  // A new pool where no graph holds the last one (torch may have released
+  // it with its last graph, or with a failed capture's).
+  if (graphs_.empty()) pool_ = at::cuda::graph_pool_handle();
   // cuBLAS's handles and this stream's workspace, made outside the capture
   // (a thread's first product would otherwise create them inside it).
   at::cuda::getCurrentCUDABlasHandle();
@@ -115,7 +112,6 @@ void ForwardGraphs::evict_one(c10::cuda::CUDAStream stream) {
   stream.synchronize();  // no replay of it still queued
   warmed_.erase(oldest->first);
   graphs_.erase(oldest);
-  if (graphs_.empty()) have_pool_ = false;  // the pool goes with its last graph
   ++counts_.evicted;
 }
 

@@ -74,8 +74,7 @@ class ForwardGraphs {
   std::unordered_map<Key, std::unique_ptr<Graph>, KeyHash> graphs_;
   std::unordered_set<Key, KeyHash> warmed_;  ///< keys whose first forward ran as it is
   std::unordered_set<Key, KeyHash> failed_;  ///< keys whose capture failed: never captured again
-  bool have_pool_ = false;
-  at::cuda::MempoolId_t pool_{0, 0};
+  at::cuda::MempoolId_t pool_{0, 0};  ///< the graphs' pool; a new one while graphs_ is empty
   uint64_t clock_ = 0;
   GraphCounts counts_;
 };
